@@ -1,0 +1,187 @@
+//! Settings: every one is a `turnstore serve` flag and a `TURNSTORE_*` variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::history::Encoding;
+
+/// Everything `serve` needs. Field docs are the `--help` text.
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// Address to serve on.
+    #[arg(long, env = "TURNSTORE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// `redis://`, `rediss://` or `redis+unix://` URL; unset means the in-memory store.
+    #[arg(long, env = "TURNSTORE_REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// First part of every Redis key, so several deployments can share a Redis.
+    #[arg(long, env = "TURNSTORE_KEY_PREFIX", default_value = "turnstore", value_parser = parse_key_prefix)]
+    pub key_prefix: String,
+
+    /// Sliding session lifetime: every start and finalize resets it.
+    #[arg(long, env = "TURNSTORE_SESSION_TTL", default_value = "7d", value_parser = parse_duration)]
+    pub session_ttl: Duration,
+
+    /// Lifetime of a turn that is started and never finalized.
+    #[arg(long, env = "TURNSTORE_PENDING_TTL", default_value = "15m", value_parser = parse_duration)]
+    pub pending_ttl: Duration,
+
+    /// Finalized turns kept per session; the oldest go first.
+    #[arg(long, env = "TURNSTORE_MAX_TURNS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_turns: u32,
+
+    /// Largest `user_query`, in UTF-8 bytes.
+    #[arg(long, env = "TURNSTORE_MAX_QUERY_BYTES", default_value_t = 32 * 1024)]
+    pub max_query_bytes: usize,
+
+    /// Largest `final_answer`, in UTF-8 bytes.
+    #[arg(long, env = "TURNSTORE_MAX_ANSWER_BYTES", default_value_t = 128 * 1024)]
+    pub max_answer_bytes: usize,
+
+    /// Largest request body, in bytes (JSON escaping can make a body larger than its text).
+    #[arg(long, env = "TURNSTORE_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Default `limit` of get_history.
+    #[arg(long, env = "TURNSTORE_HISTORY_LIMIT", default_value_t = 20)]
+    pub history_limit: u32,
+
+    /// Default `max_tokens` of get_history.
+    #[arg(long, env = "TURNSTORE_HISTORY_MAX_TOKENS", default_value_t = 4096)]
+    pub history_max_tokens: u32,
+
+    /// Default tokenizer; stored turns are counted with it once, when written.
+    #[arg(long, env = "TURNSTORE_ENCODING", default_value = "o200k_base", value_parser = parse_encoding)]
+    pub encoding: Encoding,
+
+    /// Comma-separated bearer keys; unset means no authentication (a warning at start).
+    #[arg(
+        long,
+        env = "TURNSTORE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<String>,
+
+    /// `text` or `json` (one object per line).
+    #[arg(long, env = "TURNSTORE_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+
+    /// Bound on one store round trip (and on waiting for a pooled connection):
+    /// past it the request fails fast with 503 `store_unavailable`.
+    #[arg(long, env = "TURNSTORE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+
+    /// Redis connections kept per instance.
+    #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub redis_pool_size: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Settings {
+    /// The documented defaults, without reading the environment (tests rely on that).
+    fn default() -> Self {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            redis_url: None,
+            key_prefix: "turnstore".into(),
+            session_ttl: Duration::from_secs(7 * 24 * 3600),
+            pending_ttl: Duration::from_secs(15 * 60),
+            max_turns: 1000,
+            max_query_bytes: 32 * 1024,
+            max_answer_bytes: 128 * 1024,
+            max_body_bytes: 1024 * 1024,
+            history_limit: 20,
+            history_max_tokens: 4096,
+            encoding: Encoding::O200kBase,
+            api_keys: Vec::new(),
+            log_format: LogFormat::Text,
+            store_timeout: Duration::from_secs(1),
+            redis_pool_size: 16,
+        }
+    }
+}
+
+/// Parses `500ms`, `90s`, `15m`, `2h`, `7d` (a whole number and a unit; zero is refused).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{s}` has no unit: write it like 500ms, 90s, 15m, 2h or 7d"))?;
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` does not start with a whole number"))?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60 * 1000,
+        "h" => 3600 * 1000,
+        "d" => 24 * 3600 * 1000,
+        _ => return Err(format!("`{unit}` is not a unit: use ms, s, m, h or d")),
+    };
+    let millis = n
+        .checked_mul(millis_per_unit)
+        .ok_or_else(|| format!("`{s}` is too long"))?;
+    if millis == 0 {
+        return Err("a duration must be longer than zero".into());
+    }
+    Ok(Duration::from_millis(millis))
+}
+
+fn parse_encoding(s: &str) -> Result<Encoding, String> {
+    Encoding::from_name(s).ok_or_else(|| {
+        format!(
+            "unknown encoding `{s}`; known: {}",
+            Encoding::ALL.map(|e| e.name()).join(", ")
+        )
+    })
+}
+
+/// The prefix goes into every key, so it must not hold `{`/`}` (hash tags) or spaces.
+fn parse_key_prefix(s: &str) -> Result<String, String> {
+    if crate::domain::is_identifier(s) {
+        Ok(s.to_owned())
+    } else {
+        Err("the key prefix must match ^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
+    }
+
+    #[test]
+    fn bad_durations_are_refused() {
+        for bad in [
+            "",
+            "15",
+            "m",
+            "0s",
+            "1w",
+            "-1s",
+            "1.5m",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad} was accepted");
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Validated values. A request becomes these at the edge; inside, nothing re-validates.
+
+mod ids;
+mod text;
+
+pub use ids::{IdempotencyKey, SessionId, TurnId, UserId, is_identifier};
+pub use text::{FinalAnswer, TextError, UserQuery};

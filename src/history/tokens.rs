@@ -1,0 +1,217 @@
+//! Tokenizers, and the counts taken once when a turn is written.
+//!
+//! The `text` rendering is `header` + block₁ + "\n\n" + block₂ … + blockₙ where
+//! block = "User: q\nAssistant: a". Each block starts with a letter right after
+//! a newline, and no piece of the tiktoken pre-tokenizer (cl100k, o200k, p50k,
+//! r50k) can span "\n" followed by a letter. So the count of the rendering is
+//! the sum of the counts of its parts, cut just before each "User:" and each
+//! "Assistant:", and the parts can be counted when the turn is written:
+//! `"User: q\n"` at start, `"Assistant: a\n\n"` and `"Assistant: a"` at
+//! finalize. A property test checks the sum against a fresh count.
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+use tiktoken_rs::CoreBPE;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Encoding {
+    #[serde(rename = "o200k_base")]
+    O200kBase,
+    #[serde(rename = "o200k_harmony")]
+    O200kHarmony,
+    #[serde(rename = "cl100k_base")]
+    Cl100kBase,
+    #[serde(rename = "p50k_base")]
+    P50kBase,
+    #[serde(rename = "p50k_edit")]
+    P50kEdit,
+    #[serde(rename = "r50k_base")]
+    R50kBase,
+}
+
+pub const HEADER: &str = "### Conversation history:\n";
+
+impl Encoding {
+    pub const ALL: [Encoding; 6] = [
+        Encoding::O200kBase,
+        Encoding::O200kHarmony,
+        Encoding::Cl100kBase,
+        Encoding::P50kBase,
+        Encoding::P50kEdit,
+        Encoding::R50kBase,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::O200kBase => "o200k_base",
+            Encoding::O200kHarmony => "o200k_harmony",
+            Encoding::Cl100kBase => "cl100k_base",
+            Encoding::P50kBase => "p50k_base",
+            Encoding::P50kEdit => "p50k_edit",
+            Encoding::R50kBase => "r50k_base",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The encoding a model uses, per tiktoken's table; `None` for an unknown model.
+    pub fn for_model(model: &str) -> Option<Self> {
+        use tiktoken_rs::tokenizer::Tokenizer;
+        Some(match tiktoken_rs::tokenizer::get_tokenizer(model)? {
+            Tokenizer::O200kBase => Encoding::O200kBase,
+            Tokenizer::O200kHarmony => Encoding::O200kHarmony,
+            Tokenizer::Cl100kBase => Encoding::Cl100kBase,
+            Tokenizer::P50kBase => Encoding::P50kBase,
+            Tokenizer::P50kEdit => Encoding::P50kEdit,
+            Tokenizer::R50kBase | Tokenizer::Gpt2 => Encoding::R50kBase,
+        })
+    }
+
+    /// The process-wide encoder, built on first use (tiktoken-rs keeps one per encoding).
+    fn bpe(self) -> &'static CoreBPE {
+        use tiktoken_rs as t;
+        match self {
+            Encoding::O200kBase => t::o200k_base_singleton(),
+            Encoding::O200kHarmony => t::o200k_harmony_singleton(),
+            Encoding::Cl100kBase => t::cl100k_base_singleton(),
+            Encoding::P50kBase => t::p50k_base_singleton(),
+            Encoding::P50kEdit => t::p50k_edit_singleton(),
+            Encoding::R50kBase => t::r50k_base_singleton(),
+        }
+    }
+
+    /// Builds the encoder now, so the first request does not pay for it.
+    pub fn warm_up(self) {
+        self.bpe();
+    }
+
+    /// Exact count of `text` as ordinary text: special-token strings a user
+    /// typed count as the text they are, as chat APIs treat them.
+    pub fn count(self, text: &str) -> u32 {
+        u32::try_from(self.bpe().encode_ordinary(text).len()).unwrap_or(u32::MAX)
+    }
+
+    /// Count of the `text` rendering's header, cached per encoding.
+    pub fn header_count(self) -> u32 {
+        static CACHE: [OnceLock<u32>; 6] = [const { OnceLock::new() }; 6];
+        let slot = Self::ALL.iter().position(|e| *e == self).unwrap_or(0);
+        *CACHE[slot].get_or_init(|| self.count(HEADER))
+    }
+}
+
+/// Counts of a question, taken at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryTokens {
+    #[serde(rename = "e")]
+    pub encoding: Encoding,
+    /// `q` alone (the `messages` rendering).
+    #[serde(rename = "q")]
+    pub query: u32,
+    /// `"User: q\n"`.
+    #[serde(rename = "u")]
+    pub user_line: u32,
+}
+
+/// Counts of an answer, taken at finalize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerTokens {
+    #[serde(rename = "e")]
+    pub encoding: Encoding,
+    /// `a` alone (the `messages` rendering).
+    #[serde(rename = "a")]
+    pub answer: u32,
+    /// `"Assistant: a\n\n"`: a block followed by another.
+    #[serde(rename = "s")]
+    pub assistant_sep: u32,
+    /// `"Assistant: a"`: the newest block.
+    #[serde(rename = "l")]
+    pub assistant_last: u32,
+}
+
+impl QueryTokens {
+    pub fn count(encoding: Encoding, query: &str) -> Self {
+        QueryTokens {
+            encoding,
+            query: encoding.count(query),
+            user_line: encoding.count(&user_line(query)),
+        }
+    }
+}
+
+impl AnswerTokens {
+    pub fn count(encoding: Encoding, answer: &str) -> Self {
+        let sep = assistant_line(answer, true);
+        let last = &sep[..sep.len() - 2];
+        AnswerTokens {
+            encoding,
+            answer: encoding.count(answer),
+            assistant_sep: encoding.count(&sep),
+            assistant_last: encoding.count(last),
+        }
+    }
+}
+
+pub(crate) fn user_line(query: &str) -> String {
+    let mut s = String::with_capacity(query.len() + 7);
+    s.push_str("User: ");
+    s.push_str(query);
+    s.push('\n');
+    s
+}
+
+pub(crate) fn assistant_line(answer: &str, separated: bool) -> String {
+    let mut s = String::with_capacity(answer.len() + 13);
+    s.push_str("Assistant: ");
+    s.push_str(answer);
+    if separated {
+        s.push_str("\n\n");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for e in Encoding::ALL {
+            assert_eq!(Encoding::from_name(e.name()), Some(e));
+            let json = serde_json::to_string(&e).unwrap();
+            assert_eq!(json, format!("\"{}\"", e.name()));
+        }
+        assert_eq!(Encoding::from_name("gpt-4o"), None);
+    }
+
+    #[test]
+    fn models_map_to_their_encodings() {
+        assert_eq!(Encoding::for_model("gpt-4o"), Some(Encoding::O200kBase));
+        assert_eq!(Encoding::for_model("gpt-4"), Some(Encoding::Cl100kBase));
+        assert_eq!(Encoding::for_model("no-such-model"), None);
+    }
+
+    #[test]
+    fn counts_are_tiktokens() {
+        assert_eq!(Encoding::Cl100kBase.count("hello world"), 2);
+        assert_eq!(Encoding::O200kBase.count(""), 0);
+        assert_eq!(
+            Encoding::O200kBase.header_count(),
+            Encoding::O200kBase.count(HEADER)
+        );
+    }
+
+    #[test]
+    fn special_token_text_counts_as_text() {
+        assert!(Encoding::Cl100kBase.count("<|endoftext|>") > 1);
+    }
+
+    #[test]
+    fn huge_whitespace_runs_do_not_panic() {
+        let text = format!("a{}b", " \n".repeat(300_000));
+        assert!(Encoding::O200kBase.count(&text) > 0);
+        assert!(Encoding::Cl100kBase.count(&" ".repeat(1_000_000)) > 0);
+    }
+}

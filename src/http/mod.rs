@@ -1,0 +1,207 @@
+//! The HTTP API: each resource module declares its handlers; `router` merges
+//! them, adds auth, request ids, tracing, metrics and panic safety.
+
+pub mod error;
+mod extract;
+mod history;
+mod ops;
+mod sessions;
+mod turns;
+mod users;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+use utoipa_swagger_ui::SwaggerUi;
+
+use self::error::ApiError;
+use crate::config::Settings;
+use crate::metrics::{HttpLabels, Metrics};
+use crate::store::Store;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub settings: Arc<Settings>,
+    pub metrics: Arc<Metrics>,
+    /// SHA-256 of each API key: compared in constant time, whatever their lengths.
+    api_key_digests: Arc<Vec<[u8; 32]>>,
+}
+
+impl AppState {
+    pub fn new(store: Arc<dyn Store>, settings: Settings) -> Self {
+        let api_key_digests = settings
+            .api_keys
+            .iter()
+            .filter(|k| !k.is_empty())
+            .map(|k| digest(k.as_bytes()))
+            .collect();
+        AppState {
+            store,
+            settings: Arc::new(settings),
+            metrics: Arc::new(Metrics::new()),
+            api_key_digests: Arc::new(api_key_digests),
+        }
+    }
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "turnstore",
+        description = "Conversation history for LLM and RAG backends: start a turn with the user's question (and get the history for the prompt), finalize it with the answer. Errors are RFC 9457 problem documents with a stable `code`."
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "turns", description = "Start, finalize and abort turns"),
+        (name = "sessions", description = "Histories and sessions"),
+        (name = "users", description = "A user's sessions and their erasure"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(turns::start_turn))
+        .routes(routes!(turns::finalize_turn))
+        .routes(routes!(turns::abort_turn))
+        .routes(routes!(sessions::get_history))
+        .routes(routes!(sessions::get_session, sessions::clear_session))
+        .routes(routes!(users::list_user_sessions))
+        .routes(routes!(users::erase_user))
+        .split_for_parts()
+}
+
+/// The OpenAPI 3.1 document, as served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().1
+}
+
+/// The whole application; tests drive it without a socket.
+pub fn router(state: AppState) -> Router {
+    let (v1, spec) = api();
+    let v1 = v1.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_api_key,
+    ));
+    let body_limit = state.settings.max_body_bytes;
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
+        .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("a request handler panicked");
+            ApiError::Internal.into_response()
+        }))
+        .layer(middleware::from_fn_with_state(state.clone(), record_metrics))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    let request_id = req
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    tracing::info_span!(
+                        "request",
+                        method = %req.method(),
+                        route = req.extensions().get::<MatchedPath>().map(MatchedPath::as_str).unwrap_or("unmatched"),
+                        request_id,
+                    )
+                })
+                .on_response(
+                    |res: &Response, latency: std::time::Duration, _: &tracing::Span| {
+                        tracing::info!(
+                            status = res.status().as_u16(),
+                            latency_ms = latency.as_secs_f64() * 1000.0,
+                            "response"
+                        );
+                    },
+                ),
+        )
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .with_state(state)
+}
+
+async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    if app.api_key_digests.is_empty() {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|k| digest(k.trim().as_bytes()));
+    let Some(presented) = presented else {
+        return ApiError::Unauthorized.into_response();
+    };
+    // Compare with every key, without stopping early.
+    let ok = app
+        .api_key_digests
+        .iter()
+        .fold(subtle::Choice::from(0), |acc, k| acc | k.ct_eq(&presented));
+    if bool::from(ok) {
+        next.run(req).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+async fn record_metrics(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let res = next.run(req).await;
+    app.metrics.observe_request(
+        HttpLabels {
+            method,
+            route,
+            status: res.status().as_u16(),
+        },
+        start.elapsed().as_secs_f64(),
+    );
+    res
+}

@@ -1,0 +1,37 @@
+//! turnstore: conversation history for LLM and RAG backends.
+//!
+//! A backend starts a turn with the user's question (getting the history for
+//! its prompt in the same call) and finalizes it with the answer. Only those
+//! question/answer pairs are kept, in Redis or in memory.
+//!
+//! - `config`: every setting, as a flag and a `TURNSTORE_*` variable.
+//! - `domain`: validated identifiers and texts; requests become these at the edge.
+//! - `turn`: turns as stored (pending, finalized) and timestamps.
+//! - `history`: exact token counts, the budget rule and the renderings (pure).
+//! - `store`: the storage trait and its backends, `memory` and `redis`
+//!   (all Redis keys and Lua scripts live there).
+//! - `http`: routes, extractors, the problem+json error type, auth, metrics middleware.
+//! - `metrics`: the Prometheus registry.
+//! - `app`: `Application::build` and `run_until_stopped`.
+//! - `cli`: the `turnstore` command line.
+
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod history;
+pub mod http;
+pub mod metrics;
+pub mod store;
+pub mod turn;
+
+pub use app::Application;
+pub use config::Settings;
+
+/// The OpenAPI document as pretty JSON (what `turnstore openapi` prints and
+/// `openapi/openapi.json` holds).
+pub fn openapi_json() -> String {
+    http::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}

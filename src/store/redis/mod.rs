@@ -1,0 +1,487 @@
+//! The Redis store. Every key of a session carries the hash tag
+//! `{session_id}`, so each operation is one Lua script on one slot: atomic,
+//! and one round trip. Key formats and scripts live here and nowhere else.
+//!
+//! Layout (prefix `P`, session `S`, user `U`):
+//! - `P:{S}:meta`, `P:{S}:turns`, `P:{S}:order`, `P:{S}:pending`,
+//!   `P:{S}:deadlines`, `P:{S}:idem`: see `common.lua`.
+//! - `P:user:U`: zset of the user's session ids (another slot). It is only a
+//!   hint: listings check each session, and drop the dead ones.
+
+mod reply;
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
+use redis::{Script, Value};
+
+use self::reply::{Reply, corrupt};
+use super::{
+    Finalized, Limits, SessionInfo, SessionSummary, StartTurn, Started, Store, StoreError,
+    StoredHistory, Window, index_refresh_interval,
+};
+use crate::domain::{SessionId, TurnId, UserId};
+use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
+
+/// Script arguments, each as Redis would send it.
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {{
+        let mut v: Vec<Vec<u8>> = Vec::new();
+        $( v.extend(redis::ToRedisArgs::to_redis_args(&$a)); )*
+        v
+    }};
+}
+
+macro_rules! script {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("common.lua"),
+            "\n",
+            include_str!($file)
+        ))
+    };
+}
+
+struct Scripts {
+    start_turn: Script,
+    finalize_turn: Script,
+    delete_turn: Script,
+    history: Script,
+    session_info: Script,
+    clear_session: Script,
+}
+
+pub struct RedisStore {
+    pool: Pool,
+    prefix: String,
+    limits: Limits,
+    /// Bounds waiting for a connection plus the round trip.
+    timeout: Duration,
+    scripts: Scripts,
+}
+
+pub struct RedisOptions {
+    pub url: String,
+    pub key_prefix: String,
+    pub pool_size: usize,
+    pub timeout: Duration,
+}
+
+impl RedisStore {
+    /// Builds the pool; connects lazily, so the service starts (unready)
+    /// while Redis is still down.
+    pub fn new(opts: RedisOptions, limits: Limits) -> Result<Self, String> {
+        let mut cfg = deadpool_redis::Config::from_url(opts.url);
+        cfg.pool = Some(PoolConfig {
+            max_size: opts.pool_size,
+            timeouts: Timeouts {
+                wait: Some(opts.timeout),
+                create: Some(opts.timeout),
+                recycle: Some(opts.timeout),
+            },
+            ..PoolConfig::default()
+        });
+        let pool = cfg
+            .create_pool(Some(Runtime::Tokio1))
+            .map_err(|e| format!("invalid Redis configuration: {e}"))?;
+        Ok(RedisStore {
+            pool,
+            prefix: opts.key_prefix,
+            limits,
+            timeout: opts.timeout,
+            scripts: Scripts {
+                start_turn: script!("start_turn.lua"),
+                finalize_turn: script!("finalize_turn.lua"),
+                delete_turn: script!("delete_turn.lua"),
+                history: script!("history.lua"),
+                session_info: script!("session_info.lua"),
+                clear_session: script!("clear_session.lua"),
+            },
+        })
+    }
+
+    fn session_keys(&self, session: &SessionId) -> [String; 6] {
+        let base = format!("{}:{{{}}}:", self.prefix, session);
+        ["meta", "turns", "order", "pending", "deadlines", "idem"].map(|k| format!("{base}{k}"))
+    }
+
+    fn user_key(&self, user: &str) -> String {
+        format!("{}:user:{}", self.prefix, user)
+    }
+
+    /// Runs `f` on a pooled connection, bounded by the store timeout.
+    async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(deadpool_redis::Connection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let work = async {
+            let conn = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("no Redis connection: {e}")))?;
+            f(conn)
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "Redis did not answer within {:?}",
+                    self.timeout
+                )))
+            })
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        session: &SessionId,
+        args: Vec<Vec<u8>>,
+    ) -> Result<Value, StoreError> {
+        let mut inv = script.prepare_invoke();
+        for key in self.session_keys(session) {
+            inv.key(key);
+        }
+        for arg in args {
+            inv.arg(arg);
+        }
+        self.with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
+            .await
+    }
+
+    async fn index(&self, user: &str, session: &SessionId, now: Millis) -> Result<(), StoreError> {
+        let key = self.user_key(user);
+        let ttl = self.limits.session_ttl + index_refresh_interval(&self.limits);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let member = session.to_string();
+        self.with_conn(|mut conn| async move {
+            redis::pipe()
+                .zadd(&key, member, now)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&key)
+                .arg(ttl_ms)
+                .ignore()
+                .query_async::<()>(&mut conn)
+                .await
+        })
+        .await
+    }
+
+    async fn unindex(&self, user: &str, sessions: Vec<String>) -> Result<(), StoreError> {
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        let key = self.user_key(user);
+        self.with_conn(|mut conn| async move {
+            redis::cmd("ZREM")
+                .arg(&key)
+                .arg(sessions)
+                .query_async::<()>(&mut conn)
+                .await
+        })
+        .await
+    }
+
+    async fn indexed_sessions(&self, user: &UserId) -> Result<Vec<String>, StoreError> {
+        let key = self.user_key(user.as_str());
+        self.with_conn(|mut conn| async move {
+            redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+        })
+        .await
+    }
+
+    /// Deletes a session's keys (only if `owner` owns it, when given); returns
+    /// whether it existed, and its owner.
+    async fn delete_session(
+        &self,
+        session: &SessionId,
+        owner: Option<&str>,
+    ) -> Result<(bool, Option<String>), StoreError> {
+        let mut r = Reply::array(
+            self.run(
+                &self.scripts.clear_session,
+                session,
+                args![owner.unwrap_or("")],
+            )
+            .await?,
+        )?;
+        Ok((r.int()? == 1, r.owner()?))
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
+    serde_json::from_str(json).map_err(|e| corrupt(format!("turn record: {e}")))
+}
+
+/// `{total, newest first, first or nil}` from `read_history`.
+fn stored_history(
+    v: Value,
+    user_id: Option<String>,
+    pending_turns: u64,
+) -> Result<StoredHistory, StoreError> {
+    let mut h = Reply::array(v)?;
+    let total_turns = h.uint()?;
+    let newest_first = h
+        .list()?
+        .into_iter()
+        .filter_map(|v| Reply::opt_string_of(v).transpose())
+        .map(|s| s.and_then(|s| parse::<FinalizedTurn>(&s)))
+        .collect::<Result<_, _>>()?;
+    let first = h.opt_string()?.map(|s| parse(&s)).transpose()?;
+    Ok(StoredHistory {
+        user_id,
+        total_turns,
+        pending_turns,
+        newest_first,
+        first,
+    })
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
+        let pending_json = serde_json::to_string(&req.turn)
+            .map_err(|e| corrupt(format!("encoding a pending turn: {e}")))?;
+        let (key, hash) = req
+            .idempotency
+            .map(|(k, h)| (k.as_str(), h))
+            .unwrap_or(("", ""));
+        let (limit, keep_first) = match req.window {
+            Some(w) => (i64::try_from(w.limit).unwrap_or(i64::MAX), w.keep_first),
+            None => (-1, false),
+        };
+        let v = self
+            .run(
+                &self.scripts.start_turn,
+                req.session_id,
+                args![
+                    req.now,
+                    ms(self.limits.session_ttl),
+                    ms(self.limits.pending_ttl),
+                    req.user_id.map(UserId::as_str).unwrap_or(""),
+                    req.turn.turn_id.to_string(),
+                    pending_json,
+                    key,
+                    hash,
+                    limit,
+                    if keep_first { "1" } else { "0" },
+                    ms(index_refresh_interval(&self.limits)),
+                ],
+            )
+            .await?;
+        let mut r = Reply::array(v)?;
+        let status = r.string()?;
+        match status.as_str() {
+            "owner_mismatch" => return Err(StoreError::OwnerMismatch),
+            "idem_reused" => return Err(StoreError::IdempotencyKeyReused),
+            "ok" | "replay" => {}
+            other => return Err(corrupt(format!("start_turn status {other}"))),
+        }
+        let user_id = r.owner()?;
+        let kind = r.string()?;
+        let json = r.string()?;
+        let turn: PendingTurn = if kind == "f" {
+            parse::<FinalizedTurn>(&json)?.start
+        } else {
+            parse(&json)?
+        };
+        let history_value = r.next()?;
+        let pending_before = r.uint()?;
+        let _expired = r.uint()?;
+        let reindex = r.uint()? == 1;
+        let history = match history_value {
+            Value::Nil => None,
+            v => Some(stored_history(v, user_id.clone(), pending_before)?),
+        };
+        if reindex && let Some(owner) = &user_id {
+            // The turn is written; a failed index write only delays the
+            // session's appearance in its user's list until the next start.
+            if let Err(e) = self.index(owner, req.session_id, req.now).await {
+                tracing::warn!(error = %e, "could not update the user index");
+            }
+        }
+        Ok(Started {
+            user_id,
+            turn,
+            replayed: status == "replay",
+            history,
+        })
+    }
+
+    async fn finalize_turn(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<Finalized, StoreError> {
+        let end_json = serde_json::to_string(end)
+            .map_err(|e| corrupt(format!("encoding a finalization: {e}")))?;
+        let v = self
+            .run(
+                &self.scripts.finalize_turn,
+                session,
+                args![
+                    end.finalized_at,
+                    ms(self.limits.session_ttl),
+                    turn.to_string(),
+                    end_json,
+                    self.limits.max_turns,
+                ],
+            )
+            .await?;
+        let mut r = Reply::array(v)?;
+        match r.string()?.as_str() {
+            "ok" => Ok(Finalized::Now(parse(&r.string()?)?)),
+            "already" => Ok(Finalized::Already(parse(&r.string()?)?)),
+            "not_found" => Err(StoreError::TurnNotFound),
+            other => Err(corrupt(format!("finalize_turn status {other}"))),
+        }
+    }
+
+    async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {
+        let v = self
+            .run(
+                &self.scripts.delete_turn,
+                session,
+                args![crate::turn::now_millis(), turn.to_string()],
+            )
+            .await?;
+        match Reply::string_of(v)?.as_str() {
+            "pending" | "finalized" => Ok(()),
+            _ => Err(StoreError::TurnNotFound),
+        }
+    }
+
+    async fn history(
+        &self,
+        session: &SessionId,
+        window: Window,
+        now: Millis,
+    ) -> Result<StoredHistory, StoreError> {
+        let limit = i64::try_from(window.limit).unwrap_or(i64::MAX);
+        let keep_first = if window.keep_first { "1" } else { "0" };
+        let v = self
+            .run(
+                &self.scripts.history,
+                session,
+                args![now, limit, keep_first],
+            )
+            .await?;
+        if v == Value::Nil {
+            return Ok(StoredHistory::default());
+        }
+        let mut r = Reply::array(v)?;
+        let owner = r.owner()?;
+        let h = r.next()?;
+        let pending = r.uint()?;
+        stored_history(h, owner, pending)
+    }
+
+    async fn session_info(
+        &self,
+        session: &SessionId,
+        now: Millis,
+    ) -> Result<Option<SessionInfo>, StoreError> {
+        let v = self
+            .run(&self.scripts.session_info, session, args![now])
+            .await?;
+        if v == Value::Nil {
+            return Ok(None);
+        }
+        let mut r = Reply::array(v)?;
+        let user_id = r.owner()?;
+        let created_at = r.int()?;
+        let last_active_at = r.int()?;
+        let turn_count = r.uint()?;
+        let pending_count = r.uint()?;
+        let pttl = r.int()?;
+        Ok(Some(SessionInfo {
+            user_id,
+            created_at,
+            last_active_at,
+            expires_at: now + pttl.max(0),
+            turn_count,
+            pending_count,
+        }))
+    }
+
+    async fn clear_session(&self, session: &SessionId) -> Result<(), StoreError> {
+        let (_, owner) = self.delete_session(session, None).await?;
+        if let Some(owner) = owner {
+            self.unindex(&owner, vec![session.to_string()]).await?;
+        }
+        Ok(())
+    }
+
+    async fn user_sessions(
+        &self,
+        user: &UserId,
+        now: Millis,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let mut live = Vec::new();
+        let mut dead = Vec::new();
+        for id in self.indexed_sessions(user).await? {
+            let info = match SessionId::parse(id.as_str()) {
+                Ok(session) => self.session_info(&session, now).await?,
+                Err(_) => None,
+            };
+            match info {
+                Some(i) if i.user_id.as_deref() == Some(user.as_str()) => {
+                    live.push(SessionSummary {
+                        session_id: id,
+                        last_active_at: i.last_active_at,
+                        turn_count: i.turn_count,
+                    })
+                }
+                _ => dead.push(id),
+            }
+        }
+        self.unindex(user.as_str(), dead).await?;
+        live.sort_by(|a, b| {
+            (b.last_active_at, &b.session_id).cmp(&(a.last_active_at, &a.session_id))
+        });
+        Ok(live)
+    }
+
+    async fn erase_user(&self, user: &UserId) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for id in self.indexed_sessions(user).await? {
+            if let Ok(session) = SessionId::parse(id.as_str())
+                && self.delete_session(&session, Some(user.as_str())).await?.0
+            {
+                deleted += 1;
+            }
+        }
+        let key = self.user_key(user.as_str());
+        self.with_conn(|mut conn| async move {
+            redis::cmd("DEL")
+                .arg(&key)
+                .query_async::<()>(&mut conn)
+                .await
+        })
+        .await?;
+        Ok(deleted)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.with_conn(
+            |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await },
+        )
+        .await
+    }
+}
