@@ -1,6 +1,9 @@
 //! The command line: `turnstore [serve]` and `turnstore openapi`.
 
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -25,9 +28,15 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API (the default).
-    Serve(Settings),
+    Serve(Box<Settings>),
     /// Print the OpenAPI document.
     Openapi,
+    /// Exit 0 if the server on the listen address answers `/healthz` with
+    /// 200 (for container health checks, without curl in the image).
+    Healthcheck {
+        #[arg(long, env = "TURNSTORE_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: SocketAddr,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -37,7 +46,14 @@ pub fn main() -> ExitCode {
             println!("{}", crate::openapi_json());
             ExitCode::SUCCESS
         }
-        Some(Command::Serve(settings)) => serve(settings),
+        Some(Command::Healthcheck { listen }) => match healthcheck(listen) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("unhealthy: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Some(Command::Serve(settings)) => serve(*settings),
         None => serve(cli.serve),
     }
 }
@@ -117,4 +133,28 @@ async fn shutdown_signal() {
         () = term => {},
     }
     tracing::info!("shutting down: finishing requests in flight");
+}
+
+fn healthcheck(mut addr: SocketAddr) -> std::io::Result<()> {
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        });
+    }
+    let timeout = Duration::from_secs(2);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.write_all(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head)?;
+    if head.starts_with(b"HTTP/1.") && &head[8..] == b" 200" {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "answered {}",
+            String::from_utf8_lossy(&head)
+        )))
+    }
 }

@@ -1,6 +1,7 @@
 //! Settings: every one is a `turnstore serve` flag and a `TURNSTORE_*` variable.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -67,6 +68,29 @@ pub struct Settings {
     )]
     pub api_keys: Vec<String>,
 
+    /// A file of bearer keys, one per line (`#` starts a comment), e.g. a
+    /// mounted secret; its keys add to `TURNSTORE_API_KEYS`.
+    #[arg(long, env = "TURNSTORE_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+
+    /// PEM file of the CA that signed the Redis server's certificate, for
+    /// `rediss://` with a private CA.
+    #[arg(long, env = "TURNSTORE_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+
+    /// Bound on one request; past it, 503 `request_timeout`.
+    #[arg(long, env = "TURNSTORE_REQUEST_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// API requests served at once; more are shed with 503 `overloaded`
+    /// instead of queueing without bound.
+    #[arg(long, env = "TURNSTORE_MAX_CONCURRENCY", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrency: u32,
+
+    /// On SIGTERM or ctrl-c, how long requests in flight may take to finish.
+    #[arg(long, env = "TURNSTORE_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+
     /// `text` or `json` (one object per line).
     #[arg(long, env = "TURNSTORE_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
@@ -104,6 +128,11 @@ impl Default for Settings {
             history_max_tokens: 4096,
             encoding: Encoding::O200kBase,
             api_keys: Vec::new(),
+            api_keys_file: None,
+            redis_ca_file: None,
+            request_timeout: Duration::from_secs(5),
+            max_concurrency: 1024,
+            shutdown_timeout: Duration::from_secs(10),
             log_format: LogFormat::Text,
             store_timeout: Duration::from_secs(1),
             redis_pool_size: 16,
@@ -136,6 +165,30 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("a duration must be longer than zero".into());
     }
     Ok(Duration::from_millis(millis))
+}
+
+impl Settings {
+    /// Every configured API key: `api_keys` plus the lines of `api_keys_file`.
+    pub fn all_api_keys(&self) -> std::io::Result<Vec<String>> {
+        let mut keys: Vec<String> = self
+            .api_keys
+            .iter()
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+            .collect();
+        if let Some(path) = &self.api_keys_file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("cannot read {}: {e}", path.display()))
+            })?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
+        Ok(keys)
+    }
 }
 
 fn parse_encoding(s: &str) -> Result<Encoding, String> {

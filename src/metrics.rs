@@ -3,9 +3,12 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
+
+use crate::store::PoolStatus;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
@@ -15,7 +18,21 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    /// The store operation: `start_turn`, `finalize_turn`, `history`, …
+    pub op: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreErrorLabels {
+    pub op: &'static str,
+    /// `unavailable` (no answer in time, connection refused) or `corrupt`.
+    pub kind: &'static str,
+}
+
 type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
+type StoreHistogramFamily = Family<StoreLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: Registry,
@@ -25,6 +42,15 @@ pub struct Metrics {
     turns_replayed: Counter,
     turns_finalized: Counter,
     turns_aborted: Counter,
+    /// Pending turns removed because their TTL passed (counted where swept).
+    pub expired_pending: Counter,
+    store_latency: StoreHistogramFamily,
+    store_errors: Family<StoreErrorLabels, Counter>,
+    pool_size: Gauge,
+    pool_available: Gauge,
+    pool_waiting: Gauge,
+    load_shed: Counter,
+    timeouts: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -67,6 +93,54 @@ impl Metrics {
             "Turns aborted or deleted",
             turns_aborted.clone(),
         );
+        let expired_pending = Counter::default();
+        registry.register(
+            "turns_expired_pending",
+            "Pending turns removed because their TTL passed, as this instance swept them",
+            expired_pending.clone(),
+        );
+        let store_latency: StoreHistogramFamily = Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "store_duration_seconds",
+            "Store round-trip latency by operation",
+            store_latency.clone(),
+        );
+        let store_errors = Family::<StoreErrorLabels, Counter>::default();
+        registry.register(
+            "store_errors",
+            "Store operations that failed, by operation and kind",
+            store_errors.clone(),
+        );
+        let pool_size = Gauge::default();
+        let pool_available = Gauge::default();
+        let pool_waiting = Gauge::default();
+        registry.register(
+            "store_pool_connections",
+            "Redis connections open",
+            pool_size.clone(),
+        );
+        registry.register(
+            "store_pool_idle",
+            "Redis connections open and idle",
+            pool_available.clone(),
+        );
+        registry.register(
+            "store_pool_waiters",
+            "Requests waiting for a Redis connection",
+            pool_waiting.clone(),
+        );
+        let load_shed = Counter::default();
+        registry.register(
+            "requests_shed",
+            "API requests refused with 503 overloaded",
+            load_shed.clone(),
+        );
+        let timeouts = Counter::default();
+        registry.register(
+            "requests_timed_out",
+            "Requests answered 503 request_timeout",
+            timeouts.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -80,7 +154,40 @@ impl Metrics {
             turns_replayed,
             turns_finalized,
             turns_aborted,
+            expired_pending,
+            store_latency,
+            store_errors,
+            pool_size,
+            pool_available,
+            pool_waiting,
+            load_shed,
+            timeouts,
         }
+    }
+
+    pub fn observe_store(&self, op: &'static str, seconds: f64, error: Option<&'static str>) {
+        self.store_latency
+            .get_or_create(&StoreLabels { op })
+            .observe(seconds);
+        if let Some(kind) = error {
+            self.store_errors
+                .get_or_create(&StoreErrorLabels { op, kind })
+                .inc();
+        }
+    }
+
+    pub fn set_pool(&self, status: PoolStatus) {
+        self.pool_size.set(status.size as i64);
+        self.pool_available.set(status.available as i64);
+        self.pool_waiting.set(status.waiting as i64);
+    }
+
+    pub fn request_shed(&self) {
+        self.load_shed.inc();
+    }
+
+    pub fn request_timed_out(&self) {
+        self.timeouts.inc();
     }
 
     pub fn observe_request(&self, labels: HttpLabels, seconds: f64) {

@@ -46,6 +46,10 @@ pub enum ApiError {
     RouteNotFound,
     /// 405 `method_not_allowed`
     MethodNotAllowed,
+    /// 503 `request_timeout`: the request took longer than `TURNSTORE_REQUEST_TIMEOUT`.
+    RequestTimeout,
+    /// 503 `overloaded`: `TURNSTORE_MAX_CONCURRENCY` requests are in flight.
+    Overloaded,
 }
 
 /// RFC 9457 problem document.
@@ -61,7 +65,7 @@ pub struct Problem {
     /// `unauthorized`, `session_not_found`, `turn_not_found`,
     /// `turn_already_finalized`, `session_owner_mismatch`,
     /// `idempotency_key_reused`, `store_unavailable`, `internal`,
-    /// `not_found`, `method_not_allowed`.
+    /// `not_found`, `method_not_allowed`, `request_timeout`, `overloaded`.
     pub code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<FieldError>>,
@@ -146,6 +150,18 @@ impl ApiError {
                 "not_found",
                 "Not found",
                 "no such route; see /openapi.json".into(),
+            ),
+            RequestTimeout => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "request_timeout",
+                "Request timed out",
+                "the request took longer than the configured timeout; retry later".into(),
+            ),
+            Overloaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Overloaded",
+                "too many requests in flight; retry later".into(),
             ),
             MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
@@ -42,20 +43,23 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// SHA-256 of each API key: compared in constant time, whatever their lengths.
     api_key_digests: Arc<Vec<[u8; 32]>>,
+    /// Permits for API requests in flight; none left means shed the request.
+    in_flight: Arc<Semaphore>,
 }
 
 impl AppState {
-    pub fn new(store: Arc<dyn Store>, settings: Settings) -> Self {
-        let api_key_digests = settings
-            .api_keys
-            .iter()
-            .filter(|k| !k.is_empty())
-            .map(|k| digest(k.as_bytes()))
-            .collect();
+    pub fn new(
+        store: Arc<dyn Store>,
+        settings: Settings,
+        api_keys: &[String],
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let api_key_digests = api_keys.iter().map(|k| digest(k.as_bytes())).collect();
         AppState {
             store,
+            in_flight: Arc::new(Semaphore::new(settings.max_concurrency as usize)),
             settings: Arc::new(settings),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             api_key_digests: Arc::new(api_key_digests),
         }
     }
@@ -112,10 +116,12 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// The whole application; tests drive it without a socket.
 pub fn router(state: AppState) -> Router {
     let (v1, spec) = api();
-    let v1 = v1.route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        require_api_key,
-    ));
+    let v1 = v1
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
+        .route_layer(middleware::from_fn_with_state(state.clone(), shed_load));
     let body_limit = state.settings.max_body_bytes;
     Router::new()
         .merge(v1)
@@ -126,6 +132,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), time_limit))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("a request handler panicked");
             ApiError::Internal.into_response()
@@ -183,6 +190,28 @@ async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) 
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
+    }
+}
+
+/// Sheds API requests beyond `max_concurrency` with 503 rather than queueing them.
+async fn shed_load(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    match app.in_flight.clone().try_acquire_owned() {
+        Ok(_permit) => next.run(req).await,
+        Err(_) => {
+            app.metrics.request_shed();
+            ApiError::Overloaded.into_response()
+        }
+    }
+}
+
+/// Answers 503 `request_timeout` when a request takes longer than allowed.
+async fn time_limit(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(app.settings.request_timeout, next.run(req)).await {
+        Ok(res) => res,
+        Err(_) => {
+            app.metrics.request_timed_out();
+            ApiError::RequestTimeout.into_response()
+        }
     }
 }
 

@@ -21,6 +21,9 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Json<serde_json::Valu
 }
 
 pub async fn metrics(State(app): State<AppState>) -> Response {
+    if let Some(pool) = app.store.pool_status() {
+        app.metrics.set_pool(pool);
+    }
     let mut res = app.metrics.encode().into_response();
     res.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
     Finalized, Limits, SessionInfo, SessionSummary, StartTurn, Started, Store, StoreError,
-    StoredHistory, Window,
+    StoredHistory, Window, most_recent_first,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
@@ -19,6 +20,7 @@ use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     limits: Limits,
+    expired_pending: Counter,
 }
 
 #[derive(Default)]
@@ -42,18 +44,20 @@ struct Session {
 }
 
 impl Session {
-    fn purge_pending(&mut self, now: Instant) {
+    /// Drops expired pending turns; returns how many.
+    fn purge_pending(&mut self, now: Instant) -> u64 {
         let expired: Vec<TurnId> = self
             .pending
             .iter()
             .filter(|(_, (_, deadline))| *deadline <= now)
             .map(|(id, _)| *id)
             .collect();
-        for id in expired {
-            if let Some((p, _)) = self.pending.remove(&id) {
-                self.forget_key(p.idempotency_key.as_deref(), id);
+        for id in &expired {
+            if let Some((p, _)) = self.pending.remove(id) {
+                self.forget_key(p.idempotency_key.as_deref(), *id);
             }
         }
+        expired.len() as u64
     }
 
     fn forget_key(&mut self, key: Option<&str>, turn: TurnId) {
@@ -116,11 +120,14 @@ impl State {
         self.sessions.get_mut(id)
     }
 
-    fn sweep(&mut self, now: Instant) {
+    /// Drops expired sessions and pending turns; returns how many pending turns expired.
+    fn sweep(&mut self, now: Instant) -> u64 {
         self.sessions.retain(|_, s| s.expires > now);
-        for s in self.sessions.values_mut() {
-            s.purge_pending(now);
-        }
+        let expired = self
+            .sessions
+            .values_mut()
+            .map(|s| s.purge_pending(now))
+            .sum();
         let sessions = &self.sessions;
         self.users.retain(|user, ids| {
             ids.retain(|id| {
@@ -130,20 +137,22 @@ impl State {
             });
             !ids.is_empty()
         });
+        expired
     }
 }
 
 impl MemoryStore {
     /// Must be called inside a Tokio runtime: it spawns the sweeper, which
     /// stops by itself once the store is dropped.
-    pub fn new(limits: Limits) -> Self {
+    pub fn new(limits: Limits, expired_pending: Counter) -> Self {
         let store = MemoryStore {
             state: Arc::default(),
             limits,
+            expired_pending: expired_pending.clone(),
         };
         let every = (store.limits.pending_ttl / 2)
             .clamp(Duration::from_millis(100), Duration::from_secs(10));
-        tokio::spawn(sweep(Arc::downgrade(&store.state), every));
+        tokio::spawn(sweep(Arc::downgrade(&store.state), every, expired_pending));
         store
     }
 
@@ -154,15 +163,16 @@ impl MemoryStore {
     }
 }
 
-async fn sweep(state: Weak<Mutex<State>>, every: Duration) {
+async fn sweep(state: Weak<Mutex<State>>, every: Duration, expired_pending: Counter) {
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         let Some(state) = state.upgrade() else { return };
-        state
+        let expired = state
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .sweep(Instant::now());
+        expired_pending.inc_by(expired);
     }
 }
 
@@ -211,7 +221,7 @@ impl Store for MemoryStore {
                 pending: HashMap::new(),
                 idempotency: HashMap::new(),
             });
-        session.purge_pending(now);
+        self.expired_pending.inc_by(session.purge_pending(now));
         if session.user_id.is_none()
             && let Some(user) = req.user_id
         {
@@ -259,7 +269,7 @@ impl Store for MemoryStore {
         {
             return Ok(Finalized::Already(done.clone()));
         }
-        s.purge_pending(now);
+        self.expired_pending.inc_by(s.purge_pending(now));
         let (start, _) = s.pending.remove(&turn).ok_or(StoreError::TurnNotFound)?;
         let done = FinalizedTurn {
             start,
@@ -282,7 +292,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let s = state.live(session, now).ok_or(StoreError::TurnNotFound)?;
-        s.purge_pending(now);
+        self.expired_pending.inc_by(s.purge_pending(now));
         let key = if let Some((p, _)) = s.pending.remove(&turn) {
             p.idempotency_key
         } else if let Some(seq) = s.finalized_seq.remove(&turn) {
@@ -365,9 +375,7 @@ impl Store for MemoryStore {
                 }
             }
         }
-        out.sort_by(|a, b| {
-            (b.last_active_at, &b.session_id).cmp(&(a.last_active_at, &a.session_id))
-        });
+        most_recent_first(&mut out);
         Ok(out)
     }
 

@@ -2,6 +2,7 @@
 //! Handlers only ever talk to `dyn Store`; the same HTTP suite runs on each.
 
 mod memory;
+mod metered;
 pub mod redis;
 
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use self::memory::MemoryStore;
+pub use self::metered::Metered;
 pub use self::redis::RedisStore;
 use crate::domain::{IdempotencyKey, SessionId, TurnId, UserId};
 use crate::turn::{Finalization, FinalizedTurn, Millis, NewPendingTurn, PendingTurn};
@@ -153,10 +155,28 @@ pub trait Store: Send + Sync + 'static {
 
     /// Succeeds when the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Connection pool figures, for stores that have a pool.
+    fn pool_status(&self) -> Option<PoolStatus> {
+        None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub available: usize,
+    pub waiting: usize,
 }
 
 /// How long a user index entry may go without a refresh: the index key
 /// outlives each of its sessions by this much, so it never expires first.
 pub(crate) fn index_refresh_interval(limits: &Limits) -> Duration {
     (limits.session_ttl / 4).min(Duration::from_secs(24 * 3600))
+}
+
+/// Orders a user's sessions for listing: most recently active first.
+pub(crate) fn most_recent_first(sessions: &mut [SessionSummary]) {
+    sessions
+        .sort_by(|a, b| (b.last_active_at, &b.session_id).cmp(&(a.last_active_at, &a.session_id)));
 }

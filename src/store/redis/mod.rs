@@ -14,13 +14,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::{Pool, PoolConfig, Runtime, Timeouts};
-use redis::{Script, Value};
+use deadpool_redis::{Manager, Pool, Runtime};
+use prometheus_client::metrics::counter::Counter;
+use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, Script, TlsCertificates, Value};
 
 use self::reply::{Reply, corrupt};
 use super::{
-    Finalized, Limits, SessionInfo, SessionSummary, StartTurn, Started, Store, StoreError,
-    StoredHistory, Window, index_refresh_interval,
+    Finalized, Limits, PoolStatus, SessionInfo, SessionSummary, StartTurn, Started, Store,
+    StoreError, StoredHistory, Window, index_refresh_interval, most_recent_first,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
@@ -60,37 +61,57 @@ pub struct RedisStore {
     /// Bounds waiting for a connection plus the round trip.
     timeout: Duration,
     scripts: Scripts,
+    expired_pending: Counter,
 }
 
 pub struct RedisOptions {
     pub url: String,
+    /// PEM roots for `rediss://` with a private CA.
+    pub ca_pem: Option<Vec<u8>>,
     pub key_prefix: String,
     pub pool_size: usize,
     pub timeout: Duration,
+    pub expired_pending: Counter,
 }
 
 impl RedisStore {
     /// Builds the pool; connects lazily, so the service starts (unready)
-    /// while Redis is still down.
+    /// while Redis is still down. Errors never include the URL (it may hold
+    /// a password).
     pub fn new(opts: RedisOptions, limits: Limits) -> Result<Self, String> {
-        let mut cfg = deadpool_redis::Config::from_url(opts.url);
-        cfg.pool = Some(PoolConfig {
-            max_size: opts.pool_size,
-            timeouts: Timeouts {
-                wait: Some(opts.timeout),
-                create: Some(opts.timeout),
-                recycle: Some(opts.timeout),
-            },
-            ..PoolConfig::default()
-        });
-        let pool = cfg
-            .create_pool(Some(Runtime::Tokio1))
-            .map_err(|e| format!("invalid Redis configuration: {e}"))?;
+        let invalid =
+            |e: redis::RedisError| format!("invalid Redis configuration ({:?})", e.kind());
+        let info = match opts.ca_pem {
+            None => opts.url.as_str().into_connection_info().map_err(invalid)?,
+            Some(pem) => {
+                let certs = TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                };
+                Client::build_with_tls(opts.url.as_str(), certs)
+                    .map_err(invalid)?
+                    .get_connection_info()
+                    .clone()
+            }
+        };
+        let conn_config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(opts.timeout))
+            .set_response_timeout(Some(opts.timeout));
+        let manager = Manager::new_with_config(info, conn_config).map_err(invalid)?;
+        let pool = Pool::builder(manager)
+            .max_size(opts.pool_size)
+            .wait_timeout(Some(opts.timeout))
+            .create_timeout(Some(opts.timeout))
+            .recycle_timeout(Some(opts.timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| format!("cannot build the Redis pool: {e}"))?;
         Ok(RedisStore {
             pool,
             prefix: opts.key_prefix,
             limits,
             timeout: opts.timeout,
+            expired_pending: opts.expired_pending,
             scripts: Scripts {
                 start_turn: script!("start_turn.lua"),
                 finalize_turn: script!("finalize_turn.lua"),
@@ -302,7 +323,7 @@ impl Store for RedisStore {
         };
         let history_value = r.next()?;
         let pending_before = r.uint()?;
-        let _expired = r.uint()?;
+        self.expired_pending.inc_by(r.uint()?);
         let reindex = r.uint()? == 1;
         let history = match history_value {
             Value::Nil => None,
@@ -346,7 +367,11 @@ impl Store for RedisStore {
             .await?;
         let mut r = Reply::array(v)?;
         match r.string()?.as_str() {
-            "ok" => Ok(Finalized::Now(parse(&r.string()?)?)),
+            "ok" => {
+                let done = parse(&r.string()?)?;
+                self.expired_pending.inc_by(r.uint()?);
+                Ok(Finalized::Now(done))
+            }
             "already" => Ok(Finalized::Already(parse(&r.string()?)?)),
             "not_found" => Err(StoreError::TurnNotFound),
             other => Err(corrupt(format!("finalize_turn status {other}"))),
@@ -452,9 +477,7 @@ impl Store for RedisStore {
             }
         }
         self.unindex(user.as_str(), dead).await?;
-        live.sort_by(|a, b| {
-            (b.last_active_at, &b.session_id).cmp(&(a.last_active_at, &a.session_id))
-        });
+        most_recent_first(&mut live);
         Ok(live)
     }
 
@@ -476,6 +499,15 @@ impl Store for RedisStore {
         })
         .await?;
         Ok(deleted)
+    }
+
+    fn pool_status(&self) -> Option<PoolStatus> {
+        let s = self.pool.status();
+        Some(PoolStatus {
+            size: s.size,
+            available: s.available,
+            waiting: s.waiting,
+        })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

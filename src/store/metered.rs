@@ -1,0 +1,114 @@
+//! A store wrapper that times every operation and counts its failures.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+
+use super::{
+    Finalized, PoolStatus, SessionInfo, SessionSummary, StartTurn, Started, Store, StoreError,
+    StoredHistory, Window,
+};
+use crate::domain::{SessionId, TurnId, UserId};
+use crate::metrics::Metrics;
+use crate::turn::{Finalization, Millis};
+
+pub struct Metered {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl Metered {
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
+        Metered { inner, metrics }
+    }
+
+    async fn time<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let result = work.await;
+        // Outcomes of the contract (not found, owner mismatch…) are answers, not failures.
+        let error = match &result {
+            Err(StoreError::Unavailable(_)) => Some("unavailable"),
+            Err(StoreError::Corrupt(_)) => Some("corrupt"),
+            _ => None,
+        };
+        self.metrics
+            .observe_store(op, start.elapsed().as_secs_f64(), error);
+        result
+    }
+}
+
+#[async_trait]
+impl Store for Metered {
+    async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
+        self.time("start_turn", self.inner.start_turn(req)).await
+    }
+
+    async fn finalize_turn(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<Finalized, StoreError> {
+        self.time(
+            "finalize_turn",
+            self.inner.finalize_turn(session, turn, end),
+        )
+        .await
+    }
+
+    async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {
+        self.time("delete_turn", self.inner.delete_turn(session, turn))
+            .await
+    }
+
+    async fn history(
+        &self,
+        session: &SessionId,
+        window: Window,
+        now: Millis,
+    ) -> Result<StoredHistory, StoreError> {
+        self.time("history", self.inner.history(session, window, now))
+            .await
+    }
+
+    async fn session_info(
+        &self,
+        session: &SessionId,
+        now: Millis,
+    ) -> Result<Option<SessionInfo>, StoreError> {
+        self.time("session_info", self.inner.session_info(session, now))
+            .await
+    }
+
+    async fn clear_session(&self, session: &SessionId) -> Result<(), StoreError> {
+        self.time("clear_session", self.inner.clear_session(session))
+            .await
+    }
+
+    async fn user_sessions(
+        &self,
+        user: &UserId,
+        now: Millis,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.time("user_sessions", self.inner.user_sessions(user, now))
+            .await
+    }
+
+    async fn erase_user(&self, user: &UserId) -> Result<u64, StoreError> {
+        self.time("erase_user", self.inner.erase_user(user)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.time("ping", self.inner.ping()).await
+    }
+
+    fn pool_status(&self) -> Option<PoolStatus> {
+        self.inner.pool_status()
+    }
+}
