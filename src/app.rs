@@ -24,6 +24,9 @@ pub struct Application {
 impl Application {
     /// Must run inside a Tokio runtime.
     pub async fn build(settings: Settings) -> Result<Self, BuildError> {
+        // rustls needs one process-wide crypto provider for rediss://; an
+        // error only means one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         // Build the default encoder now, not on the first request.
         settings.encoding.warm_up();
         let api_keys = settings.all_api_keys()?;

@@ -68,11 +68,6 @@ fn serve(settings: Settings) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        if settings.api_keys.iter().all(String::is_empty) {
-            tracing::warn!(
-                "TURNSTORE_API_KEYS is not set: the API is open to anyone who can reach it"
-            );
-        }
         let store = if settings.redis_url.is_some() {
             "redis"
         } else {
@@ -82,6 +77,7 @@ fn serve(settings: Settings) -> ExitCode {
             Ok(app) => app,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start");
+                eprintln!("turnstore: cannot start: {e}");
                 return ExitCode::FAILURE;
             }
         };
@@ -101,7 +97,9 @@ fn serve(settings: Settings) -> ExitCode {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     match format {
         LogFormat::Json => builder
             .json()

@@ -1,0 +1,357 @@
+//! Real processes for the tests: `redis-server` (unix socket, TCP, TLS) and
+//! the `turnstore` binary. Each is killed and reaped on drop; their logs go
+//! into failure messages.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut ok: impl FnMut() -> bool,
+    log: impl Fn() -> String,
+) {
+    let deadline = Instant::now() + timeout;
+    while !ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen in {timeout:?}\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A CA and a `localhost` server certificate signed by it, as PEM files.
+pub struct TestCa {
+    dir: TempDir,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "turnstore test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let server_key = KeyPair::generate().unwrap();
+        let server_params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca_cert.pem()).unwrap();
+        std::fs::write(dir.path().join("server.pem"), server_cert.pem()).unwrap();
+        std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
+        TestCa { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    pub fn ca_path(&self) -> String {
+        self.path("ca.pem")
+    }
+}
+
+enum Addr {
+    Unix(PathBuf),
+    Tcp(u16),
+    Tls(u16),
+}
+
+/// A `redis-server` of the test's own.
+pub struct Redis {
+    child: Child,
+    dir: TempDir,
+    addr: Addr,
+    password: Option<String>,
+}
+
+impl Redis {
+    fn start(addr: Addr, extra: &[String], password: Option<String>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args: Vec<String> = vec![
+            "--save".into(),
+            "".into(),
+            "--appendonly".into(),
+            "no".into(),
+            "--dir".into(),
+            dir.path().display().to_string(),
+            "--logfile".into(),
+            dir.path().join("redis.log").display().to_string(),
+        ];
+        match &addr {
+            Addr::Unix(path) => args.extend([
+                "--port".into(),
+                "0".into(),
+                "--unixsocket".into(),
+                path.display().to_string(),
+            ]),
+            Addr::Tcp(port) => args.extend([
+                "--port".into(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+            ]),
+            Addr::Tls(port) => args.extend([
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+            ]),
+        }
+        args.extend(extra.iter().cloned());
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/test installs it)");
+        let redis = Redis {
+            child,
+            dir,
+            addr,
+            password,
+        };
+        wait_until(
+            "redis-server answering",
+            Duration::from_secs(10),
+            || {
+                redis
+                    .log()
+                    .to_lowercase()
+                    .contains("ready to accept connections")
+            },
+            || redis.log(),
+        );
+        redis
+    }
+
+    pub fn unix() -> Self {
+        let path = std::env::temp_dir().join(format!("ts-{}.sock", uuid::Uuid::new_v4()));
+        Self::start(Addr::Unix(path), &[], None)
+    }
+
+    /// On a free TCP port; `extra` are more `redis-server` arguments.
+    pub fn tcp(extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let password = extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .map(|i| extra[i + 1].clone());
+        Self::start(Addr::Tcp(free_port()), &extra, password)
+    }
+
+    pub fn tls(ca: &TestCa) -> Self {
+        let extra = [
+            "--tls-cert-file".to_string(),
+            ca.path("server.pem"),
+            "--tls-key-file".to_string(),
+            ca.path("server.key"),
+            "--tls-ca-cert-file".to_string(),
+            ca.path("ca.pem"),
+            "--tls-auth-clients".to_string(),
+            "no".to_string(),
+        ];
+        Self::start(Addr::Tls(free_port()), &extra, None)
+    }
+
+    pub fn url(&self) -> String {
+        match &self.addr {
+            Addr::Unix(path) => format!("redis+unix://{}", path.display()),
+            Addr::Tcp(port) => format!("redis://127.0.0.1:{port}"),
+            Addr::Tls(port) => format!("rediss://localhost:{port}"),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        match self.addr {
+            Addr::Tcp(port) | Addr::Tls(port) => port,
+            Addr::Unix(_) => panic!("a unix-socket Redis has no port"),
+        }
+    }
+
+    fn cli_command(&self) -> Command {
+        let mut cmd = Command::new("redis-cli");
+        match &self.addr {
+            Addr::Unix(path) => cmd.arg("-s").arg(path),
+            Addr::Tcp(port) | Addr::Tls(port) => cmd.arg("-p").arg(port.to_string()),
+        };
+        if let Some(pw) = &self.password {
+            cmd.env("REDISCLI_AUTH", pw);
+        }
+        cmd
+    }
+
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = self.cli_command().args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn cli_tls(&self, ca: &TestCa, args: &[&str]) -> String {
+        let out = self
+            .cli_command()
+            .args(["--tls", "--cacert", &ca.ca_path(), "-h", "localhost"])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- redis-server log ---\n{}", self.log());
+        }
+    }
+}
+
+/// The `turnstore` binary, serving on a free port.
+pub struct Turnstore {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    port: u16,
+}
+
+impl Turnstore {
+    pub fn spawn(env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_turnstore"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("TURNSTORE_LISTEN", "127.0.0.1:0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let mut log = log.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            });
+        }
+        let mut ts = Turnstore {
+            child,
+            log,
+            port: 0,
+        };
+        let read_port = |log: &str| {
+            let line = log.lines().find(|l| l.contains("turnstore serving"))?;
+            let at = line
+                .find("port=")
+                .map(|i| i + 5)
+                .or_else(|| line.find("\"port\":").map(|i| i + 7))?;
+            line[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .ok()
+        };
+        let log = ts.log.clone();
+        wait_until(
+            "turnstore serving",
+            Duration::from_secs(20),
+            || read_port(&log.lock().unwrap()).is_some(),
+            || ts.log(),
+        );
+        ts.port = read_port(&ts.log()).unwrap();
+        ts
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn listen(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "could not signal turnstore");
+    }
+
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the reader threads take the last lines.
+                std::thread::sleep(Duration::from_millis(100));
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "turnstore did not exit\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Runs the binary once more with other arguments (e.g. `healthcheck`).
+    pub fn run(&self, args: &[&str], env: &[(&str, String)]) -> ExitStatus {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_turnstore"));
+        cmd.env_clear().args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.status().unwrap()
+    }
+}
+
+impl Drop for Turnstore {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- turnstore log ---\n{}", self.log());
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Tests of the real `turnstore` binary: graceful shutdown on SIGTERM, what
+//! its logs may never contain, Redis over TLS, the container health check.
+
+mod harness;
+
+use std::time::Duration;
+
+use harness::{Redis, Turnstore};
+use serde_json::{Value, json};
+
+fn client() -> reqwest::Client {
+    // A fresh connection per request: each request is either refused or accepted.
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_accepted_requests_finish_then_exits_zero() {
+    // Arrange: a Redis that will stall every write, so requests stay in flight.
+    let redis = Redis::unix();
+    let mut ts = Turnstore::spawn(&[
+        ("TURNSTORE_REDIS_URL", redis.url()),
+        ("TURNSTORE_STORE_TIMEOUT", "10s".into()),
+        ("TURNSTORE_REQUEST_TIMEOUT", "15s".into()),
+    ]);
+    let http = client();
+    let url = format!("{}/v1/turns", ts.base());
+    let warm = http
+        .post(&url)
+        .json(&json!({"user_query": "warm up"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), 201, "{}", ts.log());
+
+    // Act: 16 starts stall in Redis; SIGTERM arrives while they are in flight.
+    redis.cli(&["CLIENT", "PAUSE", "1500", "WRITE"]);
+    let in_flight: Vec<_> = (0..16)
+        .map(|i| {
+            let (http, url) = (http.clone(), url.clone());
+            tokio::spawn(async move {
+                http.post(&url)
+                    .json(&json!({"session_id": format!("drain-{i}"), "user_query": "q"}))
+                    .send()
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        in_flight.iter().all(|t| !t.is_finished()),
+        "the requests were meant to be stalled in Redis"
+    );
+    ts.sigterm();
+
+    // Assert: every accepted request succeeded, and the process exited 0.
+    for task in in_flight {
+        let res = task.await.unwrap().expect("an accepted request failed");
+        assert_eq!(res.status(), 201, "{}", ts.log());
+    }
+    let status = ts.wait(Duration::from_secs(10));
+    assert!(status.success(), "exit status {status:?}\n{}", ts.log());
+    assert!(ts.log().contains("shutting down"), "{}", ts.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_hold_no_content_keys_or_redis_password() {
+    // Arrange: Redis with a password, an API key, JSON logs, debug level.
+    const PASSWORD: &str = "redis-pw-5f2b9c";
+    const KEY: &str = "api-key-8e1d0a";
+    const QUESTION: &str = "question-marker-7c3e about quarterly revenue";
+    const ANSWER: &str = "answer-marker-2a9f: revenue grew";
+    let redis = Redis::tcp(&["--requirepass", PASSWORD]);
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", redis.port());
+    let keys_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(keys_file.path(), format!("# keys\n{KEY}\n")).unwrap();
+    let mut ts = Turnstore::spawn(&[
+        ("TURNSTORE_REDIS_URL", url),
+        (
+            "TURNSTORE_API_KEYS_FILE",
+            keys_file.path().display().to_string(),
+        ),
+        ("TURNSTORE_LOG_FORMAT", "json".into()),
+        ("RUST_LOG", "debug".into()),
+    ]);
+    let http = client();
+    let base = ts.base();
+    let auth = format!("Bearer {KEY}");
+
+    // Act: a full run, with failures of every kind.
+    let start: Value = http
+        .post(format!("{base}/v1/turns"))
+        .header("authorization", &auth)
+        .header("x-request-id", "req-log-test-1")
+        .json(&json!({"user_id": "u1", "user_query": QUESTION}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (sid, tid) = (
+        start["session_id"].as_str().unwrap(),
+        start["turn_id"].as_str().unwrap(),
+    );
+    let fin = http
+        .post(format!("{base}/v1/sessions/{sid}/turns/{tid}/finalize"))
+        .header("authorization", &auth)
+        .json(&json!({"final_answer": ANSWER}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fin.status(), 200, "{}", ts.log());
+    let conflict = http
+        .post(format!("{base}/v1/sessions/{sid}/turns/{tid}/finalize"))
+        .header("authorization", &auth)
+        .json(&json!({"final_answer": format!("{ANSWER} (edited)")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(conflict.status(), 409);
+    let history = http
+        .get(format!("{base}/v1/sessions/{sid}/history"))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(history.contains(ANSWER));
+    let wrong_key = http
+        .get(format!("{base}/v1/sessions/{sid}/history"))
+        .header("authorization", format!("Bearer {KEY}-wrong"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_key.status(), 401);
+    let invalid = http
+        .post(format!("{base}/v1/turns"))
+        .header("authorization", &auth)
+        .json(&json!({"user_query": QUESTION, "history": {"limit": "many"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(invalid.status(), 422);
+    drop(redis); // store failures get logged with their causes
+    let down = http
+        .post(format!("{base}/v1/turns"))
+        .header("authorization", &auth)
+        .json(&json!({"user_query": QUESTION}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(down.status(), 503);
+    ts.sigterm();
+    ts.wait(Duration::from_secs(10));
+
+    // Assert
+    let log = ts.log();
+    for secret in [PASSWORD, KEY, "question-marker-7c3e", "answer-marker-2a9f"] {
+        assert!(!log.contains(secret), "the log holds {secret:?}:\n{log}");
+    }
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let response = lines
+        .iter()
+        .find(|l| l["message"] == "response" && l["request_id"] == "req-log-test-1")
+        .unwrap_or_else(|| panic!("no response line for the request id:\n{log}"));
+    assert_eq!(response["route"], "/v1/turns");
+    assert_eq!(response["status"], 201);
+    assert!(response["latency_ms"].as_f64().is_some(), "{response}");
+    assert!(log.contains("store unavailable"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn talks_to_redis_over_tls_with_a_private_ca() {
+    // Arrange: a CA and a server certificate made here, Redis with TLS only.
+    let tls = harness::TestCa::new();
+    let redis = Redis::tls(&tls);
+    let ts = Turnstore::spawn(&[
+        (
+            "TURNSTORE_REDIS_URL",
+            format!("rediss://localhost:{}", redis.port()),
+        ),
+        ("TURNSTORE_REDIS_CA_FILE", tls.ca_path()),
+    ]);
+    let http = client();
+    let base = ts.base();
+
+    // Act
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    let start = http
+        .post(format!("{base}/v1/turns"))
+        .json(&json!({"session_id": "tls-1", "user_query": "over TLS?"}))
+        .send()
+        .await
+        .unwrap();
+
+    // Assert
+    assert_eq!(ready.status(), 200, "{}\n{}", ts.log(), redis.log());
+    assert_eq!(start.status(), 201, "{}\n{}", ts.log(), redis.log());
+    assert_eq!(
+        redis
+            .cli_tls(&tls, &["EXISTS", "turnstore:{tls-1}:meta"])
+            .trim(),
+        "1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_an_unknown_ca_is_refused() {
+    // Arrange: the server's certificate is signed by a CA turnstore does not trust.
+    let tls = harness::TestCa::new();
+    let other = harness::TestCa::new();
+    let redis = Redis::tls(&tls);
+    let ts = Turnstore::spawn(&[
+        (
+            "TURNSTORE_REDIS_URL",
+            format!("rediss://localhost:{}", redis.port()),
+        ),
+        ("TURNSTORE_REDIS_CA_FILE", other.ca_path()),
+    ]);
+
+    // Act
+    let ready = client()
+        .get(format!("{}/readyz", ts.base()))
+        .send()
+        .await
+        .unwrap();
+
+    // Assert
+    assert_eq!(ready.status(), 503, "{}", ts.log());
+}
+
+#[test]
+fn healthcheck_command_reports_the_server_state() {
+    // Arrange
+    let ts = Turnstore::spawn(&[]);
+
+    // Act
+    let healthy = ts.run(&["healthcheck"], &[("TURNSTORE_LISTEN", ts.listen())]);
+    let nobody = ts.run(&["healthcheck", "--listen", "127.0.0.1:1"], &[]);
+
+    // Assert
+    assert!(healthy.success(), "{}", ts.log());
+    assert!(!nobody.success());
+}
+
+#[test]
+fn unreadable_api_keys_file_stops_the_start() {
+    // Act
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstore"))
+        .env("TURNSTORE_LISTEN", "127.0.0.1:0")
+        .env("TURNSTORE_API_KEYS_FILE", "/nonexistent/keys")
+        .output()
+        .unwrap();
+
+    // Assert
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/keys"));
+}
