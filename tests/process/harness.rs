@@ -1,3 +1,5 @@
+//! Shared by the `process` and `api` test binaries; each uses part of it.
+#![allow(dead_code)]
 //! Real processes for the tests: `redis-server` (unix socket, TCP, TLS) and
 //! the `turnstore` binary. Each is killed and reaped on drop; their logs go
 //! into failure messages.
@@ -85,11 +87,17 @@ pub struct Redis {
     dir: TempDir,
     addr: Addr,
     password: Option<String>,
+    args: Vec<String>,
 }
 
 impl Redis {
-    fn start(addr: Addr, extra: &[String], password: Option<String>) -> Self {
+    fn start(
+        addr: impl FnOnce(&std::path::Path) -> Addr,
+        extra: &[String],
+        password: Option<String>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let addr = addr(dir.path());
         let mut args: Vec<String> = vec![
             "--save".into(),
             "".into(),
@@ -123,35 +131,43 @@ impl Redis {
             ]),
         }
         args.extend(extra.iter().cloned());
-        let child = Command::new("redis-server")
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/test installs it)");
-        let redis = Redis {
-            child,
+        let mut redis = Redis {
+            child: spawn_redis(&args),
             dir,
             addr,
             password,
+            args,
         };
-        wait_until(
-            "redis-server answering",
-            Duration::from_secs(10),
-            || {
-                redis
-                    .log()
-                    .to_lowercase()
-                    .contains("ready to accept connections")
-            },
-            || redis.log(),
-        );
+        redis.wait_ready();
         redis
     }
 
+    fn wait_ready(&mut self) {
+        let marker = "ready to accept connections";
+        let before = self.log().to_lowercase().matches(marker).count();
+        wait_until(
+            "redis-server answering",
+            Duration::from_secs(10),
+            || self.log().to_lowercase().matches(marker).count() > before,
+            || self.log(),
+        );
+    }
+
+    /// Stops the server (its data is gone: no persistence).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same address.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.child = spawn_redis(&self.args);
+        self.wait_ready();
+    }
+
     pub fn unix() -> Self {
-        let path = std::env::temp_dir().join(format!("ts-{}.sock", uuid::Uuid::new_v4()));
-        Self::start(Addr::Unix(path), &[], None)
+        Self::start(|dir| Addr::Unix(dir.join("redis.sock")), &[], None)
     }
 
     /// On a free TCP port; `extra` are more `redis-server` arguments.
@@ -161,7 +177,7 @@ impl Redis {
             .iter()
             .position(|a| a == "--requirepass")
             .map(|i| extra[i + 1].clone());
-        Self::start(Addr::Tcp(free_port()), &extra, password)
+        Self::start(|_| Addr::Tcp(free_port()), &extra, password)
     }
 
     pub fn tls(ca: &TestCa) -> Self {
@@ -175,7 +191,7 @@ impl Redis {
             "--tls-auth-clients".to_string(),
             "no".to_string(),
         ];
-        Self::start(Addr::Tls(free_port()), &extra, None)
+        Self::start(|_| Addr::Tls(free_port()), &extra, None)
     }
 
     pub fn url(&self) -> String {
@@ -223,6 +239,15 @@ impl Redis {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
     }
+}
+
+fn spawn_redis(args: &[String]) -> Child {
+    Command::new("redis-server")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (scripts/test installs it)")
 }
 
 impl Drop for Redis {

@@ -1,0 +1,212 @@
+//! `TestApp`: the service in this process on port 0, on the store under test,
+//! with typed helpers that talk HTTP to it.
+
+use std::time::Duration;
+
+use reqwest::{Response, StatusCode};
+use serde_json::{Value, json};
+use turnstore::{Application, Settings};
+
+use crate::harness::Redis;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Memory,
+    Redis,
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    /// The test's own redis-server; `None` for the memory store and for an
+    /// external Redis (`TURNSTORE_TEST_REDIS_URL`).
+    pub redis: Option<Redis>,
+}
+
+impl TestApp {
+    pub async fn spawn(backend: Backend) -> Self {
+        Self::spawn_with(backend, |_| {}).await
+    }
+
+    pub async fn spawn_with(backend: Backend, tweak: impl FnOnce(&mut Settings)) -> Self {
+        let mut settings = Settings {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            key_prefix: format!("t-{}", uuid::Uuid::new_v4().simple()),
+            ..Settings::default()
+        };
+        let redis = match backend {
+            Backend::Memory => None,
+            Backend::Redis => match std::env::var("TURNSTORE_TEST_REDIS_URL") {
+                Ok(url) if !url.is_empty() => {
+                    settings.redis_url = Some(url);
+                    None
+                }
+                _ => {
+                    let redis = Redis::unix();
+                    settings.redis_url = Some(redis.url());
+                    Some(redis)
+                }
+            },
+        };
+        tweak(&mut settings);
+        let app = Application::build(settings).await.expect("the app builds");
+        let base = format!("http://127.0.0.1:{}", app.port());
+        tokio::spawn(app.run_until_stopped(std::future::pending::<()>()));
+        TestApp {
+            base,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+            redis,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub async fn start(&self, body: Value) -> Response {
+        self.http
+            .post(self.url("/v1/turns"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn start_with_key(&self, key: &str, body: Value) -> Response {
+        self.http
+            .post(self.url("/v1/turns"))
+            .header("idempotency-key", key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Starts a turn that must succeed; returns its body.
+    pub async fn started(&self, body: Value) -> Value {
+        let res = self.start(body).await;
+        ok_json(res, StatusCode::CREATED).await
+    }
+
+    pub async fn finalize(&self, session: &str, turn: &str, answer: &str) -> Response {
+        self.http
+            .post(self.url(&format!("/v1/sessions/{session}/turns/{turn}/finalize")))
+            .json(&json!({ "final_answer": answer }))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn abort(&self, session: &str, turn: &str) -> Response {
+        self.http
+            .delete(self.url(&format!("/v1/sessions/{session}/turns/{turn}")))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Starts and finalizes a turn; returns the finalized turn.
+    pub async fn complete(&self, session: &str, q: &str, a: &str) -> Value {
+        let t = self
+            .started(json!({"session_id": session, "user_query": q}))
+            .await;
+        let res = self
+            .finalize(session, t["turn_id"].as_str().unwrap(), a)
+            .await;
+        ok_json(res, StatusCode::OK).await["turn"].clone()
+    }
+
+    pub async fn history(&self, session: &str, query: &str) -> Response {
+        self.http
+            .get(self.url(&format!("/v1/sessions/{session}/history?{query}")))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn history_ok(&self, session: &str, query: &str) -> Value {
+        ok_json(self.history(session, query).await, StatusCode::OK).await
+    }
+
+    pub async fn session(&self, session: &str) -> Response {
+        self.http
+            .get(self.url(&format!("/v1/sessions/{session}")))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn clear(&self, session: &str) -> Response {
+        self.http
+            .delete(self.url(&format!("/v1/sessions/{session}")))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn user_sessions(&self, user: &str) -> Value {
+        let res = self
+            .http
+            .get(self.url(&format!("/v1/users/{user}/sessions")))
+            .send()
+            .await
+            .unwrap();
+        ok_json(res, StatusCode::OK).await
+    }
+
+    pub async fn erase_user(&self, user: &str) -> Response {
+        self.http
+            .delete(self.url(&format!("/v1/users/{user}")))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The redis-server log, for failure messages.
+    pub fn store_log(&self) -> String {
+        self.redis.as_ref().map(Redis::log).unwrap_or_default()
+    }
+}
+
+pub async fn ok_json(res: Response, status: StatusCode) -> Value {
+    let got = res.status();
+    let body = res.text().await.unwrap();
+    assert_eq!(got, status, "body: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// Asserts a problem+json answer with this status and code; returns its body.
+pub async fn problem(res: Response, status: u16, code: &str) -> Value {
+    let got = res.status().as_u16();
+    let content_type = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = res.text().await.unwrap();
+    assert_eq!(got, status, "body: {body}");
+    assert_eq!(content_type, "application/problem+json", "body: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["code"], code, "body: {body}");
+    assert_eq!(v["status"], status);
+    for field in ["type", "title", "detail"] {
+        assert!(v[field].is_string(), "no {field}: {body}");
+    }
+    v
+}
+
+pub fn sid() -> String {
+    format!("s-{}", uuid::Uuid::new_v4().simple())
+}
+
+pub fn count(encoding: &str, text: &str) -> usize {
+    let bpe = match encoding {
+        "o200k_base" => tiktoken_rs::o200k_base_singleton(),
+        "cl100k_base" => tiktoken_rs::cl100k_base_singleton(),
+        other => panic!("no tokenizer for {other} in the tests"),
+    };
+    bpe.encode_ordinary(text).len()
+}
