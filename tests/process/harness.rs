@@ -181,7 +181,12 @@ impl Redis {
     }
 
     pub fn tls(ca: &TestCa) -> Self {
-        let extra = [
+        Self::tls_with(ca, &[])
+    }
+
+    /// TLS only, with more `redis-server` arguments.
+    pub fn tls_with(ca: &TestCa, more: &[&str]) -> Self {
+        let mut extra = vec![
             "--tls-cert-file".to_string(),
             ca.path("server.pem"),
             "--tls-key-file".to_string(),
@@ -191,6 +196,7 @@ impl Redis {
             "--tls-auth-clients".to_string(),
             "no".to_string(),
         ];
+        extra.extend(more.iter().map(|s| s.to_string()));
         Self::start(|_| Addr::Tls(free_port()), &extra, None)
     }
 

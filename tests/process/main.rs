@@ -179,15 +179,28 @@ async fn logs_hold_no_content_keys_or_redis_password() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn talks_to_redis_over_tls_with_a_private_ca() {
-    // Arrange: a CA and a server certificate made here, Redis with TLS only.
+async fn talks_to_redis_over_tls_with_a_private_ca_as_an_acl_user() {
+    // Arrange: a CA and a server certificate made here, Redis with TLS only,
+    // and an ACL user that may only touch turnstore's keys.
     let tls = harness::TestCa::new();
-    let redis = Redis::tls(&tls);
+    let redis = Redis::tls_with(
+        &tls,
+        &[
+            "--user",
+            "ts-app",
+            "on",
+            ">acl-pw-31",
+            "~turnstore:*",
+            "&*",
+            "+@all",
+            "--user",
+            "default",
+            "off",
+        ],
+    );
+    let url = format!("rediss://ts-app:acl-pw-31@localhost:{}", redis.port());
     let ts = Turnstore::spawn(&[
-        (
-            "TURNSTORE_REDIS_URL",
-            format!("rediss://localhost:{}", redis.port()),
-        ),
+        ("TURNSTORE_REDIS_URL", url),
         ("TURNSTORE_REDIS_CA_FILE", tls.ca_path()),
     ]);
     let http = client();
@@ -205,12 +218,15 @@ async fn talks_to_redis_over_tls_with_a_private_ca() {
     // Assert
     assert_eq!(ready.status(), 200, "{}\n{}", ts.log(), redis.log());
     assert_eq!(start.status(), 201, "{}\n{}", ts.log(), redis.log());
-    assert_eq!(
-        redis
-            .cli_tls(&tls, &["EXISTS", "turnstore:{tls-1}:meta"])
-            .trim(),
-        "1"
+    let auth = ["--user", "ts-app", "--pass", "acl-pw-31"];
+    let exists = redis.cli_tls(
+        &tls,
+        &[&auth[..], &["EXISTS", "turnstore:{tls-1}:meta"]].concat(),
     );
+    assert_eq!(exists.trim(), "1");
+    let anonymous = redis.cli_tls(&tls, &["EXISTS", "turnstore:{tls-1}:meta"]);
+    assert_ne!(anonymous.trim(), "1", "the default user is off");
+    assert!(!ts.log().contains("acl-pw-31"), "{}", ts.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,6 +266,11 @@ fn healthcheck_command_reports_the_server_state() {
     // Assert
     assert!(healthy.success(), "{}", ts.log());
     assert!(!nobody.success());
+    assert!(
+        ts.log().contains("no API keys configured"),
+        "an open API is announced at start:\n{}",
+        ts.log()
+    );
 }
 
 #[test]
