@@ -92,11 +92,13 @@ pub fn build_store(settings: &Settings, metrics: &Metrics) -> Result<Arc<dyn Sto
         pending_ttl: settings.pending_ttl,
         max_turns: settings.max_turns,
     };
+    let cluster = !settings.redis_cluster_nodes.is_empty();
     Ok(match &settings.redis_url {
-        None => Arc::new(MemoryStore::new(limits, metrics.expired_pending.clone())),
-        Some(url) => Arc::new(RedisStore::new(
+        None if !cluster => Arc::new(MemoryStore::new(limits, metrics.expired_pending.clone())),
+        url => Arc::new(RedisStore::new(
             crate::store::redis::RedisOptions {
-                url: url.clone(),
+                url: url.clone().unwrap_or_default(),
+                cluster_nodes: settings.redis_cluster_nodes.clone(),
                 ca_pem: match &settings.redis_ca_file {
                     None => None,
                     Some(path) => Some(std::fs::read(path).map_err(|e| {

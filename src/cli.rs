@@ -68,7 +68,9 @@ fn serve(settings: Settings) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let store = if settings.redis_url.is_some() {
+        let store = if !settings.redis_cluster_nodes.is_empty() {
+            "redis-cluster"
+        } else if settings.redis_url.is_some() {
             "redis"
         } else {
             "memory"

@@ -19,6 +19,16 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_REDIS_URL")]
     pub redis_url: Option<String>,
 
+    /// Comma-separated seed nodes of a Redis Cluster (`redis://h1:6379,redis://h2:6379`);
+    /// selects the cluster client. Not together with `TURNSTORE_REDIS_URL`.
+    #[arg(
+        long,
+        env = "TURNSTORE_REDIS_CLUSTER_NODES",
+        value_delimiter = ',',
+        conflicts_with = "redis_url"
+    )]
+    pub redis_cluster_nodes: Vec<String>,
+
     /// First part of every Redis key, so several deployments can share a Redis.
     #[arg(long, env = "TURNSTORE_KEY_PREFIX", default_value = "turnstore", value_parser = parse_key_prefix)]
     pub key_prefix: String,
@@ -117,6 +127,7 @@ impl Default for Settings {
         Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             redis_url: None,
+            redis_cluster_nodes: Vec::new(),
             key_prefix: "turnstore".into(),
             session_ttl: Duration::from_secs(7 * 24 * 3600),
             pending_ttl: Duration::from_secs(15 * 60),

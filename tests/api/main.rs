@@ -1,5 +1,6 @@
 //! The HTTP conformance suite: every rule of shared/API.md, over HTTP,
-//! against each store (`memory::*`, `redis::*`). Set TURNSTORE_TEST_REDIS_URL
+//! against each store (`memory::*`, `redis::*`, and `cluster::*` on a real
+//! three-master Redis Cluster). Set TURNSTORE_TEST_REDIS_URL
 //! to run the Redis half against an external Redis.
 
 #[path = "../process/harness.rs"]
@@ -27,6 +28,14 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::Redis).await
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::Cluster).await
                 }
             )*
         }

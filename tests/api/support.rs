@@ -7,12 +7,13 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use turnstore::{Application, Settings};
 
-use crate::harness::Redis;
+use crate::harness::{Redis, RedisCluster};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Memory,
     Redis,
+    Cluster,
 }
 
 pub struct TestApp {
@@ -21,6 +22,7 @@ pub struct TestApp {
     /// The test's own redis-server; `None` for the memory store and for an
     /// external Redis (`TURNSTORE_TEST_REDIS_URL`).
     pub redis: Option<Redis>,
+    pub cluster: Option<RedisCluster>,
 }
 
 impl TestApp {
@@ -34,8 +36,12 @@ impl TestApp {
             key_prefix: format!("t-{}", uuid::Uuid::new_v4().simple()),
             ..Settings::default()
         };
+        let cluster = (backend == Backend::Cluster).then(|| RedisCluster::start(3));
+        if let Some(c) = &cluster {
+            settings.redis_cluster_nodes = c.urls();
+        }
         let redis = match backend {
-            Backend::Memory => None,
+            Backend::Memory | Backend::Cluster => None,
             Backend::Redis => match std::env::var("TURNSTORE_TEST_REDIS_URL") {
                 Ok(url) if !url.is_empty() => {
                     settings.redis_url = Some(url);
@@ -59,6 +65,7 @@ impl TestApp {
                 .build()
                 .unwrap(),
             redis,
+            cluster,
         }
     }
 
@@ -167,7 +174,9 @@ impl TestApp {
 
     /// The redis-server log, for failure messages.
     pub fn store_log(&self) -> String {
-        self.redis.as_ref().map(Redis::log).unwrap_or_default()
+        let single = self.redis.as_ref().map(Redis::log);
+        let cluster = self.cluster.as_ref().map(RedisCluster::log);
+        single.or(cluster).unwrap_or_default()
     }
 }
 

@@ -247,6 +247,59 @@ impl Redis {
     }
 }
 
+/// A Redis Cluster of the test's own: masters on free ports, slots spread
+/// by `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize) -> Self {
+        let nodes: Vec<Redis> = (0..masters)
+            .map(|_| Redis::tcp(&["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]))
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port()));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .unwrap();
+        let cluster = RedisCluster { nodes };
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            cluster.log()
+        );
+        wait_until(
+            "the cluster to agree",
+            Duration::from_secs(20),
+            || {
+                cluster
+                    .nodes
+                    .iter()
+                    .all(|n| n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            },
+            || cluster.log(),
+        );
+        cluster
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Redis::url).collect()
+    }
+
+    pub fn log(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("--- node {} ---\n{}", n.port(), n.log()))
+            .collect()
+    }
+}
+
 fn spawn_redis(args: &[String]) -> Child {
     Command::new("redis-server")
         .args(args)

@@ -16,7 +16,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_redis::{Manager, Pool, Runtime};
 use prometheus_client::metrics::counter::Counter;
-use redis::{AsyncConnectionConfig, Client, IntoConnectionInfo, Script, TlsCertificates, Value};
+use redis::aio::ConnectionLike;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisFuture, Script, TlsCertificates, Value,
+};
 
 use self::reply::{Reply, corrupt};
 use super::{
@@ -54,8 +59,53 @@ struct Scripts {
     clear_session: Script,
 }
 
+/// Where commands go: a pool of connections to one Redis, or one
+/// multiplexed cluster connection (it keeps a connection per node and
+/// follows MOVED/ASK by itself), made on first use and again after failure.
+enum Target {
+    Standalone(Pool),
+    Cluster {
+        client: ClusterClient,
+        conn: tokio::sync::Mutex<Option<ClusterConnection>>,
+    },
+}
+
+/// A connection of either kind.
+enum Conn {
+    Standalone(deadpool_redis::Connection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Standalone(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Standalone(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 pub struct RedisStore {
-    pool: Pool,
+    target: Target,
     prefix: String,
     limits: Limits,
     /// Bounds waiting for a connection plus the round trip.
@@ -65,7 +115,10 @@ pub struct RedisStore {
 }
 
 pub struct RedisOptions {
+    /// Standalone Redis; ignored when `cluster_nodes` is not empty.
     pub url: String,
+    /// Seed nodes of a Redis Cluster.
+    pub cluster_nodes: Vec<String>,
     /// PEM roots for `rediss://` with a private CA.
     pub ca_pem: Option<Vec<u8>>,
     pub key_prefix: String,
@@ -81,33 +134,45 @@ impl RedisStore {
     pub fn new(opts: RedisOptions, limits: Limits) -> Result<Self, String> {
         let invalid =
             |e: redis::RedisError| format!("invalid Redis configuration ({:?})", e.kind());
-        let info = match opts.ca_pem {
-            None => opts.url.as_str().into_connection_info().map_err(invalid)?,
-            Some(pem) => {
-                let certs = TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem),
-                };
-                Client::build_with_tls(opts.url.as_str(), certs)
+        let certs = opts.ca_pem.map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        });
+        let target = if opts.cluster_nodes.is_empty() {
+            let info = match certs {
+                None => opts.url.as_str().into_connection_info().map_err(invalid)?,
+                Some(certs) => Client::build_with_tls(opts.url.as_str(), certs)
                     .map_err(invalid)?
                     .get_connection_info()
-                    .clone()
+                    .clone(),
+            };
+            let conn_config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(opts.timeout))
+                .set_response_timeout(Some(opts.timeout));
+            let manager = Manager::new_with_config(info, conn_config).map_err(invalid)?;
+            let pool = Pool::builder(manager)
+                .max_size(opts.pool_size)
+                .wait_timeout(Some(opts.timeout))
+                .create_timeout(Some(opts.timeout))
+                .recycle_timeout(Some(opts.timeout))
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| format!("cannot build the Redis pool: {e}"))?;
+            Target::Standalone(pool)
+        } else {
+            let mut builder = ClusterClientBuilder::new(opts.cluster_nodes)
+                .connection_timeout(opts.timeout)
+                .response_timeout(opts.timeout);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            Target::Cluster {
+                client: builder.build().map_err(invalid)?,
+                conn: tokio::sync::Mutex::new(None),
             }
         };
-        let conn_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(opts.timeout))
-            .set_response_timeout(Some(opts.timeout));
-        let manager = Manager::new_with_config(info, conn_config).map_err(invalid)?;
-        let pool = Pool::builder(manager)
-            .max_size(opts.pool_size)
-            .wait_timeout(Some(opts.timeout))
-            .create_timeout(Some(opts.timeout))
-            .recycle_timeout(Some(opts.timeout))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| format!("cannot build the Redis pool: {e}"))?;
         Ok(RedisStore {
-            pool,
+            target,
             prefix: opts.key_prefix,
             limits,
             timeout: opts.timeout,
@@ -132,21 +197,51 @@ impl RedisStore {
         format!("{}:user:{}", self.prefix, user)
     }
 
-    /// Runs `f` on a pooled connection, bounded by the store timeout.
+    async fn connection(&self) -> Result<Conn, StoreError> {
+        match &self.target {
+            Target::Standalone(pool) => pool
+                .get()
+                .await
+                .map(Conn::Standalone)
+                .map_err(|e| StoreError::Unavailable(format!("no Redis connection: {e}"))),
+            Target::Cluster { client, conn } => {
+                let mut slot = conn.lock().await;
+                if let Some(c) = slot.as_ref() {
+                    return Ok(Conn::Cluster(c.clone()));
+                }
+                let c = client.get_async_connection().await.map_err(|e| {
+                    StoreError::Unavailable(format!("no Redis Cluster connection: {e}"))
+                })?;
+                *slot = Some(c.clone());
+                Ok(Conn::Cluster(c))
+            }
+        }
+    }
+
+    /// After a failure the cluster connection cannot recover from, the next
+    /// request makes a new one.
+    fn forget_cluster_connection(&self) {
+        if let Target::Cluster { conn, .. } = &self.target
+            && let Ok(mut slot) = conn.try_lock()
+        {
+            *slot = None;
+        }
+    }
+
+    /// Runs `f` on a connection, bounded by the store timeout.
     async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(deadpool_redis::Connection) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let work = async {
-            let conn = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("no Redis connection: {e}")))?;
-            f(conn)
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("Redis: {e}")))
+            let conn = self.connection().await?;
+            f(conn).await.map_err(|e| {
+                if e.is_unrecoverable_error() {
+                    self.forget_cluster_connection();
+                }
+                StoreError::Unavailable(format!("Redis: {e}"))
+            })
         };
         tokio::time::timeout(self.timeout, work)
             .await
@@ -502,7 +597,10 @@ impl Store for RedisStore {
     }
 
     fn pool_status(&self) -> Option<PoolStatus> {
-        let s = self.pool.status();
+        let Target::Standalone(pool) = &self.target else {
+            return None;
+        };
+        let s = pool.status();
         Some(PoolStatus {
             size: s.size,
             available: s.available,
