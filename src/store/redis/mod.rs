@@ -64,10 +64,12 @@ struct Scripts {
 /// follows MOVED/ASK by itself), made on first use and again after failure.
 enum Target {
     Standalone(Pool),
-    Cluster {
-        client: ClusterClient,
-        conn: tokio::sync::Mutex<Option<ClusterConnection>>,
-    },
+    Cluster(Box<ClusterTarget>),
+}
+
+struct ClusterTarget {
+    client: ClusterClient,
+    conn: tokio::sync::Mutex<Option<ClusterConnection>>,
 }
 
 /// A connection of either kind.
@@ -166,10 +168,10 @@ impl RedisStore {
             if let Some(certs) = certs {
                 builder = builder.certs(certs);
             }
-            Target::Cluster {
+            Target::Cluster(Box::new(ClusterTarget {
                 client: builder.build().map_err(invalid)?,
                 conn: tokio::sync::Mutex::new(None),
-            }
+            }))
         };
         Ok(RedisStore {
             target,
@@ -204,12 +206,12 @@ impl RedisStore {
                 .await
                 .map(Conn::Standalone)
                 .map_err(|e| StoreError::Unavailable(format!("no Redis connection: {e}"))),
-            Target::Cluster { client, conn } => {
-                let mut slot = conn.lock().await;
+            Target::Cluster(cluster) => {
+                let mut slot = cluster.conn.lock().await;
                 if let Some(c) = slot.as_ref() {
                     return Ok(Conn::Cluster(c.clone()));
                 }
-                let c = client.get_async_connection().await.map_err(|e| {
+                let c = cluster.client.get_async_connection().await.map_err(|e| {
                     StoreError::Unavailable(format!("no Redis Cluster connection: {e}"))
                 })?;
                 *slot = Some(c.clone());
@@ -221,8 +223,8 @@ impl RedisStore {
     /// After a failure the cluster connection cannot recover from, the next
     /// request makes a new one.
     fn forget_cluster_connection(&self) {
-        if let Target::Cluster { conn, .. } = &self.target
-            && let Ok(mut slot) = conn.try_lock()
+        if let Target::Cluster(cluster) = &self.target
+            && let Ok(mut slot) = cluster.conn.try_lock()
         {
             *slot = None;
         }
