@@ -319,6 +319,72 @@ impl Drop for Redis {
     }
 }
 
+/// Debian's nginx as a round-robin load balancer in front of `upstreams`.
+pub struct Nginx {
+    child: Child,
+    dir: TempDir,
+    pub port: u16,
+}
+
+impl Nginx {
+    pub fn balance(upstreams: &[String]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let d = dir.path().display();
+        let servers: String = upstreams
+            .iter()
+            .map(|u| format!("        server {u} max_fails=1 fail_timeout=10s;\n"))
+            .collect();
+        let conf = format!(
+            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n    access_log off;\n    client_body_temp_path {d}/body;\n    proxy_temp_path {d}/proxy;\n\
+                 fastcgi_temp_path {d}/fcgi;\n    uwsgi_temp_path {d}/uwsgi;\n    scgi_temp_path {d}/scgi;\n\
+                 upstream turnstore {{\n{servers}        keepalive 32;\n    }}\n\
+                 server {{\n        listen 127.0.0.1:{port};\n        location / {{\n\
+                     proxy_pass http://turnstore;\n            proxy_http_version 1.1;\n\
+                     proxy_set_header Connection \"\";\n            proxy_next_upstream error timeout;\n\
+                     proxy_connect_timeout 1s;\n            proxy_read_timeout 10s;\n        }}\n    }}\n}}\n"
+        );
+        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+        let child = Command::new("nginx")
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .arg("-p")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx must be installed (scripts/test installs it)");
+        let nginx = Nginx { child, dir, port };
+        wait_until(
+            "nginx listening",
+            Duration::from_secs(10),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+            || nginx.log(),
+        );
+        nginx
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- nginx error log ---\n{}", self.log());
+        }
+    }
+}
+
 /// The `turnstore` binary, serving on a free port.
 pub struct Turnstore {
     child: Child,
@@ -391,6 +457,12 @@ impl Turnstore {
 
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Kills the process outright, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn sigterm(&self) {

@@ -2,6 +2,7 @@
 //! its logs may never contain, Redis over TLS, the container health check.
 
 mod harness;
+mod scale;
 
 use std::time::Duration;
 

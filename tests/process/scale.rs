@@ -1,0 +1,147 @@
+//! Many instances behind a load balancer: simulated RAG clients through
+//! nginx in front of three turnstore processes on one Redis, one of which is
+//! killed in the middle of the run.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::harness::{Nginx, Redis, Turnstore};
+
+const CLIENTS: usize = 12;
+const RUN_FOR: Duration = Duration::from_secs(4);
+
+/// Retries a request until it gets `expected`; transport errors and 5xx
+/// (an instance gone, nginx noticing) are retried, anything else is a failure.
+async fn until_ok(expected: u16, request: impl Fn() -> reqwest::RequestBuilder) -> (Value, u32) {
+    let mut failures = 0;
+    loop {
+        match request().send().await {
+            Ok(res)
+                if res.status().as_u16() == expected
+                    || (expected == 201 && res.status() == 200) =>
+            {
+                return (res.json().await.unwrap(), failures);
+            }
+            Ok(res) if res.status().is_server_error() => failures += 1,
+            Err(_) => failures += 1,
+            Ok(res) => panic!("unexpected {}: {}", res.status(), res.text().await.unwrap()),
+        }
+        assert!(failures < 50, "no success after 50 tries");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One simulated RAG client: start with history, finalize, read; returns the
+/// answers it finalized, in order, and how many requests had to be retried.
+async fn rag_client(base: String, session: String, deadline: Instant) -> (Vec<String>, u32) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut answers = Vec::new();
+    let mut retried = 0;
+    let mut n = 0;
+    while Instant::now() < deadline {
+        n += 1;
+        let key = format!("{session}-turn-{n}");
+        let body = json!({"session_id": session, "user_id": "scale-user", "user_query": format!("question {n}"),
+                          "history": {"limit": 5, "max_tokens": 500}});
+        let (started, r1) = until_ok(201, || {
+            http.post(format!("{base}/v1/turns"))
+                .header("idempotency-key", &key)
+                .json(&body)
+        })
+        .await;
+        assert_eq!(started["history"]["pending_turns"], 0, "{started}");
+        let turn = started["turn_id"].as_str().unwrap().to_owned();
+        let answer = format!("answer {n} of {session}");
+        let (_, r2) = until_ok(200, || {
+            http.post(format!(
+                "{base}/v1/sessions/{session}/turns/{turn}/finalize"
+            ))
+            .json(&json!({"final_answer": answer}))
+        })
+        .await;
+        let (history, r3) = until_ok(200, || {
+            http.get(format!(
+                "{base}/v1/sessions/{session}/history?limit=1&format=turns"
+            ))
+        })
+        .await;
+        assert_eq!(history["turns"][0]["final_answer"], answer.as_str());
+        answers.push(answer);
+        retried += r1 + r2 + r3;
+    }
+    (answers, retried)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_behind_nginx_lose_nothing_when_one_dies() {
+    // Arrange: one Redis, three instances, nginx in front.
+    let redis = Redis::unix();
+    let mut instances: Vec<Turnstore> = (0..3)
+        .map(|_| Turnstore::spawn(&[("TURNSTORE_REDIS_URL", redis.url())]))
+        .collect();
+    let nginx = Nginx::balance(&instances.iter().map(Turnstore::listen).collect::<Vec<_>>());
+    let deadline = Instant::now() + RUN_FOR;
+
+    // Act: clients run; halfway through, one instance is killed.
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let session = format!("scale-{i}-{}", uuid::Uuid::new_v4().simple());
+            let run = rag_client(nginx.base(), session.clone(), deadline);
+            (session, tokio::spawn(run))
+        })
+        .collect();
+    tokio::time::sleep(RUN_FOR / 2).await;
+    instances[1].kill();
+    let mut results: HashMap<String, Vec<String>> = HashMap::new();
+    let mut retried = 0;
+    for (session, task) in clients {
+        let (answers, r) = task.await.unwrap();
+        retried += r;
+        results.insert(session, answers);
+    }
+
+    // Assert: every session holds seqs 1..n, each finalized answer once, in order.
+    let http = reqwest::Client::new();
+    let mut total = 0;
+    for (session, answers) in &results {
+        let h: Value = http
+            .get(format!(
+                "{}/v1/sessions/{session}/history?limit=10000&max_tokens=10000000&format=turns",
+                nginx.base()
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let turns = h["turns"].as_array().unwrap();
+        let seqs: Vec<u64> = turns.iter().map(|t| t["seq"].as_u64().unwrap()).collect();
+        let stored: Vec<&str> = turns
+            .iter()
+            .map(|t| t["final_answer"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            seqs,
+            (1..=answers.len() as u64).collect::<Vec<_>>(),
+            "{session}"
+        );
+        assert_eq!(
+            stored,
+            answers.iter().map(String::as_str).collect::<Vec<_>>(),
+            "{session}"
+        );
+        assert_eq!(h["pending_turns"], 0, "{session}");
+        total += answers.len();
+    }
+    assert!(
+        total >= CLIENTS * 3,
+        "the run did too little: {total} turns"
+    );
+    eprintln!("{total} turns over {CLIENTS} sessions; {retried} requests retried after the kill");
+}
