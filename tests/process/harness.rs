@@ -167,7 +167,13 @@ impl Redis {
     }
 
     pub fn unix() -> Self {
-        Self::start(|dir| Addr::Unix(dir.join("redis.sock")), &[], None)
+        Self::unix_with(&[])
+    }
+
+    /// On a unix socket, with more `redis-server` arguments.
+    pub fn unix_with(extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start(|dir| Addr::Unix(dir.join("redis.sock")), &extra, None)
     }
 
     /// On a free TCP port; `extra` are more `redis-server` arguments.
