@@ -298,6 +298,69 @@ impl RedisCluster {
         self.nodes.iter().map(Redis::url).collect()
     }
 
+    pub fn keyslot(&self, key: &str) -> u16 {
+        self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn node_id(&self, i: usize) -> String {
+        self.nodes[i].cli(&["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// Which node serves `slot`, per the first node's view.
+    pub fn owner(&self, slot: u16) -> usize {
+        let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let serves = fields.iter().skip(8).any(|range| {
+                let mut ends = range.split('-').map(|n| n.parse::<u16>());
+                match (ends.next(), ends.next()) {
+                    (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                    (Some(Ok(a)), None) => a == slot,
+                    _ => false,
+                }
+            });
+            if serves {
+                return (0..self.nodes.len())
+                    .find(|i| self.node_id(*i) == fields[0])
+                    .unwrap();
+            }
+        }
+        panic!("no node serves slot {slot}:\n{nodes}");
+    }
+
+    /// Moves `slot` and its keys to node `to`, as `redis-cli --cluster
+    /// reshard` does: IMPORTING/MIGRATING, MIGRATE in batches, then NODE.
+    pub fn migrate_slot(&self, slot: u16, to: usize) {
+        let from = self.owner(slot);
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let slot_s = slot.to_string();
+        self.nodes[to].cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id]);
+        self.nodes[from].cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id]);
+        loop {
+            let keys = self.nodes[from].cli(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "2"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = self.nodes[to].port().to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().copied());
+            let out = self.nodes[from].cli(&args);
+            assert!(
+                out.contains("OK") || out.contains("NOKEY"),
+                "MIGRATE: {out}"
+            );
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        for node in &self.nodes {
+            node.cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+        }
+    }
+
     pub fn log(&self) -> String {
         self.nodes
             .iter()

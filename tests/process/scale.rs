@@ -82,7 +82,12 @@ async fn three_instances_behind_nginx_lose_nothing_when_one_dies() {
     // Arrange: one Redis, three instances, nginx in front.
     let redis = Redis::unix();
     let mut instances: Vec<Turnstore> = (0..3)
-        .map(|_| Turnstore::spawn(&[("TURNSTORE_REDIS_URL", redis.url())]))
+        .map(|_| {
+            Turnstore::spawn(&[
+                ("TURNSTORE_REDIS_URL", redis.url()),
+                ("TURNSTORE_MAX_TURNS", "100000".into()),
+            ])
+        })
         .collect();
     let nginx = Nginx::balance(&instances.iter().map(Turnstore::listen).collect::<Vec<_>>());
     let deadline = Instant::now() + RUN_FOR;
@@ -175,7 +180,7 @@ async fn writer(base: String, session: String, deadline: Instant) -> Writes {
             continue;
         }
         let turn: Value = start.json().await.unwrap();
-        let answer = format!("a{n}");
+        let answer = format!("{}-a{n}", uuid::Uuid::new_v4().simple());
         let fin = http
             .post(format!(
                 "{base}/v1/sessions/{session}/turns/{}/finalize",
@@ -200,7 +205,10 @@ async fn writer(base: String, session: String, deadline: Instant) -> Writes {
 async fn redis_crash_under_load_loses_nothing_older_than_a_second() {
     // Arrange: Redis with AOF, fsync every second (as in docker-compose.yml).
     let mut redis = Redis::unix_with(&["--appendonly", "yes", "--appendfsync", "everysec"]);
-    let ts = Turnstore::spawn(&[("TURNSTORE_REDIS_URL", redis.url())]);
+    let ts = Turnstore::spawn(&[
+        ("TURNSTORE_REDIS_URL", redis.url()),
+        ("TURNSTORE_MAX_TURNS", "100000".into()),
+    ]);
     let deadline = Instant::now() + Duration::from_secs(5);
 
     // Act: writers run; Redis is killed (no clean shutdown) and started again.
@@ -273,5 +281,82 @@ async fn redis_crash_under_load_loses_nothing_older_than_a_second() {
     assert!(after > 0, "no write succeeded after the restart");
     eprintln!(
         "{checked} turns acknowledged >1 s before the crash, all kept; {after} after the restart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_busy_slot_loses_nothing() {
+    // Arrange: a three-master cluster, turnstore on it, a busy session.
+    let cluster = crate::harness::RedisCluster::start(3);
+    let ts = Turnstore::spawn(&[
+        ("TURNSTORE_REDIS_CLUSTER_NODES", cluster.urls().join(",")),
+        // Keep every turn of this one busy session: none may be trimmed.
+        ("TURNSTORE_MAX_TURNS", "100000".into()),
+    ]);
+    let session = format!("reshard-{}", uuid::Uuid::new_v4().simple());
+    let slot = cluster.keyslot(&format!("turnstore:{{{session}}}:meta"));
+    let from = cluster.owner(slot);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let writers: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(writer(ts.base(), session.clone(), deadline)))
+        .collect();
+
+    // Act: halfway, the session's slot moves to another master.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let to = (from + 1) % 3;
+    cluster.migrate_slot(slot, to);
+    let mut all = Writes::default();
+    for w in writers {
+        let w = w.await.unwrap();
+        all.acknowledged.extend(w.acknowledged);
+        all.failures.extend(w.failures);
+    }
+
+    // Assert: the slot moved; failures were 503s; every acknowledged answer
+    // is in the history once, in seq order.
+    assert_eq!(cluster.owner(slot), to);
+    assert!(
+        all.failures.iter().all(|s| *s == 503),
+        "{:?}\n{}",
+        all.failures,
+        ts.log()
+    );
+    let h: Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/sessions/{session}/history?limit=10000&max_tokens=10000000&format=turns",
+            ts.base()
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stored: Vec<String> = h["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["final_answer"].as_str().unwrap().to_owned())
+        .collect();
+    let seqs: Vec<u64> = h["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    for (_, answer, _) in &all.acknowledged {
+        assert_eq!(
+            stored.iter().filter(|a| *a == answer).count(),
+            1,
+            "{answer}"
+        );
+    }
+    let after = all.acknowledged.len();
+    assert!(after > 20, "too little traffic: {after}");
+    eprintln!(
+        "slot {slot} moved from node {from} to {to}; {} turns acknowledged, {} requests answered 503",
+        all.acknowledged.len(),
+        all.failures.len()
     );
 }
