@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use crate::config::Settings;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
+use crate::store::redis::LayoutError;
 use crate::store::{Limits, MemoryStore, Metered, RedisStore, Store};
 
 pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
@@ -37,7 +38,7 @@ impl Application {
         }
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(Metered::new(
-            build_store(&settings, &metrics)?,
+            build_store(&settings, &metrics).await?,
             metrics.clone(),
         ));
         let listener = TcpListener::bind(settings.listen)
@@ -86,34 +87,57 @@ impl Application {
     }
 }
 
-pub fn build_store(settings: &Settings, metrics: &Metrics) -> Result<Arc<dyn Store>, BuildError> {
-    let limits = Limits {
+/// The store the settings name. A Redis store is first checked for its data
+/// layout: a layout this build cannot serve stops the start; an unreachable
+/// Redis does not (the service starts unready and checks again before use).
+pub async fn build_store(
+    settings: &Settings,
+    metrics: &Metrics,
+) -> Result<Arc<dyn Store>, BuildError> {
+    if settings.redis_url.is_none() && settings.redis_cluster_nodes.is_empty() {
+        return Ok(Arc::new(MemoryStore::new(
+            limits(settings),
+            metrics.expired_pending.clone(),
+        )));
+    }
+    let store = redis_store(settings, metrics)?;
+    match store.ensure_layout().await {
+        Ok(()) => {}
+        Err(LayoutError::Store(e)) => {
+            tracing::warn!(error = %e, "Redis is not reachable yet: starting unready");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Arc::new(store))
+}
+
+fn limits(settings: &Settings) -> Limits {
+    Limits {
         session_ttl: settings.session_ttl,
         pending_ttl: settings.pending_ttl,
         max_turns: settings.max_turns,
+    }
+}
+
+/// The Redis store the settings name, its layout not yet checked.
+pub fn redis_store(settings: &Settings, metrics: &Metrics) -> Result<RedisStore, BuildError> {
+    let ca_pem = match &settings.redis_ca_file {
+        None => None,
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read TURNSTORE_REDIS_CA_FILE {}: {e}",
+                path.display()
+            )
+        })?),
     };
-    let cluster = !settings.redis_cluster_nodes.is_empty();
-    Ok(match &settings.redis_url {
-        None if !cluster => Arc::new(MemoryStore::new(limits, metrics.expired_pending.clone())),
-        url => Arc::new(RedisStore::new(
-            crate::store::redis::RedisOptions {
-                url: url.clone().unwrap_or_default(),
-                cluster_nodes: settings.redis_cluster_nodes.clone(),
-                ca_pem: match &settings.redis_ca_file {
-                    None => None,
-                    Some(path) => Some(std::fs::read(path).map_err(|e| {
-                        format!(
-                            "cannot read TURNSTORE_REDIS_CA_FILE {}: {e}",
-                            path.display()
-                        )
-                    })?),
-                },
-                expired_pending: metrics.expired_pending.clone(),
-                key_prefix: settings.key_prefix.clone(),
-                pool_size: settings.redis_pool_size as usize,
-                timeout: settings.store_timeout,
-            },
-            limits,
-        )?),
-    })
+    let options = crate::store::redis::RedisOptions {
+        url: settings.redis_url.clone().unwrap_or_default(),
+        cluster_nodes: settings.redis_cluster_nodes.clone(),
+        ca_pem,
+        expired_pending: metrics.expired_pending.clone(),
+        key_prefix: settings.key_prefix.clone(),
+        pool_size: settings.redis_pool_size as usize,
+        timeout: settings.store_timeout,
+    };
+    Ok(RedisStore::new(options, limits(settings))?)
 }

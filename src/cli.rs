@@ -31,6 +31,9 @@ enum Command {
     Serve(Box<Settings>),
     /// Print the OpenAPI document.
     Openapi,
+    /// Bring the Redis data to this build's layout (see migrations/);
+    /// resumable, and a no-op when it is current.
+    Migrate(Box<Settings>),
     /// Exit 0 if the server on the listen address answers `/healthz` with
     /// 200 (for container health checks, without curl in the image).
     Healthcheck {
@@ -54,6 +57,7 @@ pub fn main() -> ExitCode {
             }
         },
         Some(Command::Serve(settings)) => serve(*settings),
+        Some(Command::Migrate(settings)) => migrate(*settings),
         None => serve(cli.serve),
     }
 }
@@ -91,6 +95,48 @@ fn serve(settings: Settings) -> ExitCode {
             }
             Err(e) => {
                 tracing::error!(error = %e, "server failed");
+                ExitCode::FAILURE
+            }
+        }
+    })
+}
+
+fn migrate(settings: Settings) -> ExitCode {
+    init_logging(settings.log_format);
+    if settings.redis_url.is_none() && settings.redis_cluster_nodes.is_empty() {
+        eprintln!("turnstore migrate: set TURNSTORE_REDIS_URL or TURNSTORE_REDIS_CLUSTER_NODES");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("turnstore migrate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let metrics = crate::metrics::Metrics::new();
+        let store = match crate::app::redis_store(&settings, &metrics) {
+            Ok(store) => store,
+            Err(e) => {
+                eprintln!("turnstore migrate: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match store
+            .migrate(|step| eprintln!("turnstore migrate: {step}"))
+            .await
+        {
+            Ok(r) => {
+                println!(
+                    "layout {} -> {}: {} sessions, {} keys moved, {} conflicts",
+                    r.from, r.to, r.sessions, r.keys_moved, r.conflicts
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("turnstore migrate: {e}");
                 ExitCode::FAILURE
             }
         }

@@ -2,6 +2,7 @@
 //! its logs may never contain, Redis over TLS, the container health check.
 
 mod harness;
+mod migrate;
 mod scale;
 
 use std::time::Duration;
@@ -222,10 +223,10 @@ async fn talks_to_redis_over_tls_with_a_private_ca_as_an_acl_user() {
     let auth = ["--user", "ts-app", "--pass", "acl-pw-31"];
     let exists = redis.cli_tls(
         &tls,
-        &[&auth[..], &["EXISTS", "turnstore:{tls-1}:meta"]].concat(),
+        &[&auth[..], &["EXISTS", "turnstore:{tls-1}:m"]].concat(),
     );
     assert_eq!(exists.trim(), "1");
-    let anonymous = redis.cli_tls(&tls, &["EXISTS", "turnstore:{tls-1}:meta"]);
+    let anonymous = redis.cli_tls(&tls, &["EXISTS", "turnstore:{tls-1}:m"]);
     assert_ne!(anonymous.trim(), "1", "the default user is off");
     assert!(!ts.log().contains("acl-pw-31"), "{}", ts.log());
 }

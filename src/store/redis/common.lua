@@ -1,4 +1,5 @@
--- Shared by every session script. KEYS, all under one {session_id} hash tag:
+-- Shared by every session script. KEYS, all under one {session_id} hash tag
+-- (suffixes m, t, o, p, d, i in layout 2):
 --   1 meta       hash: user_id, created_at, last_active_at, next_seq, indexed_at
 --   2 turns      hash: turn_id -> finalized turn JSON {"p":{...},"f":{...}}
 --   3 order      zset: turn_id scored by seq (finalized turns)

@@ -2,13 +2,17 @@
 //! `{session_id}`, so each operation is one Lua script on one slot: atomic,
 //! and one round trip. Key formats and scripts live here and nowhere else.
 //!
-//! Layout (prefix `P`, session `S`, user `U`):
-//! - `P:{S}:meta`, `P:{S}:turns`, `P:{S}:order`, `P:{S}:pending`,
-//!   `P:{S}:deadlines`, `P:{S}:idem`: see `common.lua`.
+//! Layout 2 (prefix `P`, session `S`, user `U`; see `layout.rs` and `migrations/`):
+//! - `P:{S}:m` (meta), `P:{S}:t` (turns), `P:{S}:o` (order), `P:{S}:p`
+//!   (pending), `P:{S}:d` (deadlines), `P:{S}:i` (idempotency): see `common.lua`.
+//! - `P:layout`: the layout version.
 //! - `P:user:U`: zset of the user's session ids (another slot). It is only a
 //!   hint: listings check each session, and drop the dead ones.
 
+mod layout;
 mod reply;
+
+pub use self::layout::{LAYOUT, LayoutError, MigrateReport};
 
 use std::future::Future;
 use std::time::Duration;
@@ -114,6 +118,8 @@ pub struct RedisStore {
     timeout: Duration,
     scripts: Scripts,
     expired_pending: Counter,
+    /// The stored layout was found to be `LAYOUT`: session scripts may run.
+    layout_ok: std::sync::atomic::AtomicBool,
 }
 
 pub struct RedisOptions {
@@ -179,6 +185,7 @@ impl RedisStore {
             limits,
             timeout: opts.timeout,
             expired_pending: opts.expired_pending,
+            layout_ok: std::sync::atomic::AtomicBool::new(false),
             scripts: Scripts {
                 start_turn: script!("start_turn.lua"),
                 finalize_turn: script!("finalize_turn.lua"),
@@ -192,7 +199,7 @@ impl RedisStore {
 
     fn session_keys(&self, session: &SessionId) -> [String; 6] {
         let base = format!("{}:{{{}}}:", self.prefix, session);
-        ["meta", "turns", "order", "pending", "deadlines", "idem"].map(|k| format!("{base}{k}"))
+        layout::session_suffixes(LAYOUT).map(|k| format!("{base}{k}"))
     }
 
     fn user_key(&self, user: &str) -> String {
@@ -255,12 +262,33 @@ impl RedisStore {
             })
     }
 
+    /// Checks the layout once before the first session script (Redis may
+    /// have been down when the service started).
+    async fn layout_checked(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.layout_ok.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        match self.ensure_layout().await {
+            Ok(()) => {
+                self.layout_ok.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(LayoutError::Store(e)) => Err(e),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot serve this Redis data");
+                Err(StoreError::Unavailable(e.to_string()))
+            }
+        }
+    }
+
     async fn run(
         &self,
         script: &Script,
         session: &SessionId,
         args: Vec<Vec<u8>>,
     ) -> Result<Value, StoreError> {
+        self.layout_checked().await?;
         let mut inv = script.prepare_invoke();
         for key in self.session_keys(session) {
             inv.key(key);
@@ -611,6 +639,7 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
+        self.layout_checked().await?;
         self.with_conn(
             |mut conn| async move { redis::cmd("PING").query_async::<()>(&mut conn).await },
         )

@@ -1,0 +1,279 @@
+//! The data layout's version, and the migrations between versions (their
+//! scripts live in `migrations/`).
+
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use super::{Conn, RedisStore, Target};
+use crate::store::StoreError;
+
+/// The layout this build reads and writes.
+pub const LAYOUT: u32 = 2;
+
+/// Key suffixes of a session's six keys, per layout (index = layout - 1).
+const SUFFIXES: [[&str; 6]; 2] = [
+    ["meta", "turns", "order", "pending", "deadlines", "idem"],
+    ["m", "t", "o", "p", "d", "i"],
+];
+
+pub fn session_suffixes(layout: u32) -> [&'static str; 6] {
+    SUFFIXES[(layout as usize).clamp(1, SUFFIXES.len()) - 1]
+}
+
+struct Migration {
+    /// The layout it produces.
+    to: u32,
+    name: &'static str,
+    script: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    to: 2,
+    name: "0002_short_session_keys",
+    script: include_str!("../../../migrations/0002_short_session_keys.lua"),
+}];
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error(
+        "the Redis data is in layout {found}, newer than this turnstore knows ({LAYOUT}): upgrade turnstore"
+    )]
+    Newer { found: u32 },
+    #[error("the Redis data is in layout {found}, older than {LAYOUT}: run `turnstore migrate`")]
+    Older { found: u32 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What `migrate` did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MigrateReport {
+    pub from: u32,
+    pub to: u32,
+    pub sessions: u64,
+    pub keys_moved: u64,
+    pub conflicts: u64,
+}
+
+const BATCH: u32 = 500;
+
+impl RedisStore {
+    fn layout_key(&self) -> String {
+        format!("{}:layout", self.prefix)
+    }
+
+    async fn query<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        cmd: redis::Cmd,
+    ) -> Result<T, StoreError> {
+        self.with_conn(|mut conn| async move { cmd.query_async::<T>(&mut conn).await })
+            .await
+    }
+
+    /// The masters' addresses: one for a standalone Redis.
+    async fn masters(&self) -> Result<Vec<Option<(String, u16)>>, StoreError> {
+        if matches!(self.target, Target::Standalone(_)) {
+            return Ok(vec![None]);
+        }
+        let slots: Vec<Value> = self
+            .query(redis::cmd("CLUSTER").arg("SLOTS").clone())
+            .await?;
+        let mut masters = Vec::new();
+        for range in slots {
+            let Value::Array(items) = range else { continue };
+            if let Some(Value::Array(node)) = items.get(2)
+                && let (Some(host), Some(Value::Int(port))) = (node.first(), node.get(1))
+            {
+                let host = match host {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    Value::SimpleString(s) => s.clone(),
+                    _ => continue,
+                };
+                let addr = Some((host, *port as u16));
+                if !masters.contains(&addr) {
+                    masters.push(addr);
+                }
+            }
+        }
+        Ok(masters)
+    }
+
+    /// One SCAN page on one master: (next cursor, keys).
+    async fn scan_page(
+        &self,
+        node: &Option<(String, u16)>,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), StoreError> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(BATCH);
+        let node = node.clone();
+        self.with_conn(|conn| async move {
+            match (conn, node) {
+                (Conn::Cluster(mut c), Some((host, port))) => {
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let v = c.route_command(cmd, routing).await?;
+                    Ok(redis::from_redis_value(v)?)
+                }
+                (mut conn, _) => cmd.query_async(&mut conn).await,
+            }
+        })
+        .await
+    }
+
+    /// Sessions of layout 1 exist: some `P:{*}:meta` key, on any master.
+    async fn has_layout_1_data(&self) -> Result<bool, StoreError> {
+        let pattern = format!("{}:{{*}}:{}", self.prefix, session_suffixes(1)[0]);
+        for node in self.masters().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.scan_page(&node, cursor, &pattern).await?;
+                if !keys.is_empty() {
+                    return Ok(true);
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(false)
+    }
+
+    /// The stored layout; `None` for a store with no turnstore data yet.
+    pub async fn stored_layout(&self) -> Result<Option<u32>, StoreError> {
+        let v: Option<u32> = self
+            .query(redis::cmd("GET").arg(self.layout_key()).clone())
+            .await?;
+        match v {
+            Some(v) => Ok(Some(v)),
+            // Layout 1 had no version key.
+            None if self.has_layout_1_data().await? => Ok(Some(1)),
+            None => Ok(None),
+        }
+    }
+
+    /// Checks that this build can serve the stored layout; records it on a
+    /// fresh store.
+    pub async fn ensure_layout(&self) -> Result<(), LayoutError> {
+        match self.stored_layout().await? {
+            Some(found) if found > LAYOUT => Err(LayoutError::Newer { found }),
+            Some(found) if found < LAYOUT => Err(LayoutError::Older { found }),
+            Some(_) => Ok(()),
+            None => {
+                let cmd = redis::cmd("SET")
+                    .arg(self.layout_key())
+                    .arg(LAYOUT)
+                    .arg("NX")
+                    .clone();
+                self.query::<Value>(cmd).await?;
+                // Another instance may have set it first: read it back.
+                match self.stored_layout().await? {
+                    Some(LAYOUT) => Ok(()),
+                    Some(found) if found > LAYOUT => Err(LayoutError::Newer { found }),
+                    Some(found) => Err(LayoutError::Older { found }),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Applies every migration past the stored layout, resuming an
+    /// interrupted run. `progress` is told about each batch.
+    pub async fn migrate(&self, progress: impl Fn(&str)) -> Result<MigrateReport, LayoutError> {
+        let from = match self.stored_layout().await? {
+            Some(found) if found > LAYOUT => return Err(LayoutError::Newer { found }),
+            Some(found) => found,
+            None => LAYOUT,
+        };
+        let mut report = MigrateReport {
+            from,
+            to: from,
+            ..MigrateReport::default()
+        };
+        for m in MIGRATIONS.iter().filter(|m| m.to > from) {
+            self.apply(m, &mut report, &progress).await?;
+            let cmd = redis::cmd("SET").arg(self.layout_key()).arg(m.to).clone();
+            self.query::<Value>(cmd).await?;
+            report.to = m.to;
+            progress(&format!("{}: layout is now {}", m.name, m.to));
+        }
+        if report.from == report.to {
+            let cmd = redis::cmd("SET")
+                .arg(self.layout_key())
+                .arg(LAYOUT)
+                .arg("NX")
+                .clone();
+            self.query::<Value>(cmd).await?;
+        }
+        Ok(report)
+    }
+
+    async fn apply(
+        &self,
+        m: &Migration,
+        report: &mut MigrateReport,
+        progress: &impl Fn(&str),
+    ) -> Result<(), LayoutError> {
+        let script = redis::Script::new(m.script);
+        let (old, new) = (session_suffixes(m.to - 1), session_suffixes(m.to));
+        let pattern = format!("{}:{{*}}:{}", self.prefix, old[0]);
+        for node in self.masters().await? {
+            let node_name = node
+                .as_ref()
+                .map(|(h, p)| format!("{h}:{p}"))
+                .unwrap_or_else(|| "standalone".into());
+            let cursor_key = format!("{}:migration:{}:{node_name}", self.prefix, m.to);
+            let saved: Option<u64> = self
+                .query(redis::cmd("GET").arg(&cursor_key).clone())
+                .await?;
+            let mut cursor = saved.unwrap_or(0);
+            if saved.is_some() {
+                progress(&format!(
+                    "{}: resuming {node_name} at cursor {cursor}",
+                    m.name
+                ));
+            }
+            loop {
+                let (next, keys) = self.scan_page(&node, cursor, &pattern).await?;
+                for key in &keys {
+                    let Some(session) = key
+                        .strip_prefix(&format!("{}:{{", self.prefix))
+                        .and_then(|k| k.strip_suffix(&format!("}}:{}", old[0])))
+                    else {
+                        continue;
+                    };
+                    let base = format!("{}:{{{session}}}:", self.prefix);
+                    let mut inv = script.prepare_invoke();
+                    for suffix in old.iter().chain(new.iter()) {
+                        inv.key(format!("{base}{suffix}"));
+                    }
+                    let (moved, conflicts): (u64, u64) = self
+                        .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
+                        .await?;
+                    report.sessions += 1;
+                    report.keys_moved += moved;
+                    report.conflicts += conflicts;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+                let save = redis::cmd("SET").arg(&cursor_key).arg(cursor).clone();
+                self.query::<Value>(save).await?;
+                progress(&format!(
+                    "{}: {node_name}: {} sessions so far",
+                    m.name, report.sessions
+                ));
+            }
+            self.query::<Value>(redis::cmd("DEL").arg(&cursor_key).clone())
+                .await?;
+        }
+        Ok(())
+    }
+}
