@@ -1,0 +1,80 @@
+//! Rendering and budgeting: 20, 200 and 1000 turns of realistic sizes (a
+//! 120-byte question, a 600-byte answer), in each format and both encodings.
+//! `o200k_base` is the default, so its counts come from the stored turns;
+//! `cl100k_base` has to tokenize on read. Run: `cargo bench --bench history`.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use turnstore::domain::TurnId;
+use turnstore::history::{AnswerTokens, Encoding, Format, Options, QueryTokens, render};
+use turnstore::turn::{Finalization, FinalizedTurn, PendingTurn};
+
+const QUESTION: &str = "How do I rotate the API keys of our staging cluster without downtime, and who needs to approve it first?";
+const ANSWER: &str = "Rotate keys in three steps. First, add the new key to TURNSTORE_API_KEYS next to the old one and roll the deployment, so every instance accepts both. Second, switch each client to the new key; watch the 401 rate in Prometheus while you do. Third, remove the old key and roll again. No request fails, because at every moment each instance accepts the key every client sends. Approval: the on-call SRE signs off on staging; production also needs the service owner. Keep the old key for a day in the secret store in case you must roll back, then delete it.";
+
+fn turns(n: u64) -> Vec<FinalizedTurn> {
+    let enc = Encoding::O200kBase;
+    let q = QUESTION[..QUESTION.len().min(120)].to_string();
+    (1..=n)
+        .rev()
+        .map(|seq| FinalizedTurn {
+            start: PendingTurn {
+                seq,
+                turn_id: TurnId::generate(),
+                user_query: format!("{q} {seq}"),
+                started_at: 1,
+                idempotency_key: None,
+                tokens: QueryTokens::count(enc, &format!("{q} {seq}")),
+            },
+            end: Finalization {
+                final_answer: ANSWER.to_string(),
+                finalized_at: 2,
+                tokens: AnswerTokens::count(enc, ANSWER),
+            },
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("render");
+    for n in [20u64, 200, 1000] {
+        let newest_first = turns(n);
+        let first = newest_first.last();
+        for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for format in [Format::Text, Format::Messages, Format::Turns] {
+                let opts = Options {
+                    limit: n as usize,
+                    max_tokens: 10_000_000,
+                    format,
+                    encoding,
+                    max_query_chars: None,
+                    max_answer_chars: None,
+                    keep_first: false,
+                };
+                let id = BenchmarkId::new(format!("{}/{}", encoding.name(), format.name()), n);
+                group.bench_with_input(id, &opts, |b, opts| {
+                    b.iter(|| black_box(render(black_box(&newest_first), first, opts)))
+                });
+            }
+        }
+        // The hot path of the service: the default budget over the newest 20.
+        let opts = Options {
+            limit: 20,
+            max_tokens: 4096,
+            format: Format::Text,
+            encoding: Encoding::O200kBase,
+            max_query_chars: None,
+            max_answer_chars: None,
+            keep_first: false,
+        };
+        let newest_20 = &newest_first[..20.min(newest_first.len())];
+        group.bench_with_input(BenchmarkId::new("default-20x4096", n), &opts, |b, opts| {
+            b.iter(|| black_box(render(black_box(newest_20), first, opts)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
