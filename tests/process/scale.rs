@@ -10,6 +10,27 @@ use serde_json::{Value, json};
 use crate::harness::{Nginx, Redis, Turnstore};
 
 const CLIENTS: usize = 12;
+
+/// Everything a session holds: (seq, final answer) of each turn, oldest
+/// first, and how many turns are pending.
+async fn stored(base: &str, session: &str) -> (Vec<(u64, String)>, u64) {
+    let url = format!(
+        "{base}/v1/sessions/{session}/history?limit=10000&max_tokens=10000000&format=turns"
+    );
+    let h: Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+    let turns = h["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["seq"].as_u64().unwrap(),
+                t["final_answer"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    (turns, h["pending_turns"].as_u64().unwrap())
+}
 const RUN_FOR: Duration = Duration::from_secs(4);
 
 /// Retries a request until it gets `expected`; transport errors and 5xx
@@ -111,26 +132,11 @@ async fn three_instances_behind_nginx_lose_nothing_when_one_dies() {
     }
 
     // Assert: every session holds seqs 1..n, each finalized answer once, in order.
-    let http = reqwest::Client::new();
     let mut total = 0;
     for (session, answers) in &results {
-        let h: Value = http
-            .get(format!(
-                "{}/v1/sessions/{session}/history?limit=10000&max_tokens=10000000&format=turns",
-                nginx.base()
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let turns = h["turns"].as_array().unwrap();
-        let seqs: Vec<u64> = turns.iter().map(|t| t["seq"].as_u64().unwrap()).collect();
-        let stored: Vec<&str> = turns
-            .iter()
-            .map(|t| t["final_answer"].as_str().unwrap())
-            .collect();
+        let (turns, pending) = stored(&nginx.base(), session).await;
+        let seqs: Vec<u64> = turns.iter().map(|(seq, _)| *seq).collect();
+        let stored: Vec<&str> = turns.iter().map(|(_, a)| a.as_str()).collect();
         assert_eq!(
             seqs,
             (1..=answers.len() as u64).collect::<Vec<_>>(),
@@ -141,7 +147,7 @@ async fn three_instances_behind_nginx_lose_nothing_when_one_dies() {
             answers.iter().map(String::as_str).collect::<Vec<_>>(),
             "{session}"
         );
-        assert_eq!(h["pending_turns"], 0, "{session}");
+        assert_eq!(pending, 0, "{session}");
         total += answers.len();
     }
     assert!(
@@ -238,35 +244,18 @@ async fn redis_crash_under_load_loses_nothing_older_than_a_second() {
         "{:?}",
         all.failures
     );
-    let http = reqwest::Client::new();
     let mut checked = 0;
-    let mut stored: HashMap<String, Vec<String>> = HashMap::new();
+    let mut kept: HashMap<String, Vec<String>> = HashMap::new();
     for (session, answer, at) in &all.acknowledged {
         if *at + Duration::from_secs(1) >= crashed_at {
             continue;
         }
-        if !stored.contains_key(session) {
-            let h: Value = http
-                .get(format!(
-                    "{}/v1/sessions/{session}/history?limit=10000&max_tokens=10000000&format=turns",
-                    ts.base()
-                ))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let answers = h["turns"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["final_answer"].as_str().unwrap().to_owned())
-                .collect();
-            stored.insert(session.clone(), answers);
+        if !kept.contains_key(session) {
+            let (turns, _) = stored(&ts.base(), session).await;
+            kept.insert(session.clone(), turns.into_iter().map(|(_, a)| a).collect());
         }
         assert!(
-            stored[session].contains(answer),
+            kept[session].contains(answer),
             "{answer} of {session}, acknowledged {:?} before the crash, is lost",
             crashed_at - *at
         );
@@ -321,29 +310,9 @@ async fn moving_a_busy_slot_loses_nothing() {
         all.failures,
         ts.log()
     );
-    let h: Value = reqwest::Client::new()
-        .get(format!(
-            "{}/v1/sessions/{session}/history?limit=10000&max_tokens=10000000&format=turns",
-            ts.base()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let stored: Vec<String> = h["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["final_answer"].as_str().unwrap().to_owned())
-        .collect();
-    let seqs: Vec<u64> = h["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["seq"].as_u64().unwrap())
-        .collect();
+    let (turns, _) = stored(&ts.base(), &session).await;
+    let seqs: Vec<u64> = turns.iter().map(|(seq, _)| *seq).collect();
+    let stored: Vec<String> = turns.into_iter().map(|(_, a)| a).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
     for (_, answer, _) in &all.acknowledged {
         assert_eq!(
