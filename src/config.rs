@@ -110,7 +110,7 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub store_timeout: Duration,
 
-    /// Redis connections kept per instance.
+    /// Multiplexed Redis connections per instance, used in turn.
     #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub redis_pool_size: u32,
 }

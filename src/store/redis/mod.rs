@@ -15,17 +15,16 @@ mod reply;
 pub use self::layout::{LAYOUT, LayoutError, MigrateReport};
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_redis::{Manager, Pool, Runtime};
 use prometheus_client::metrics::counter::Counter;
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{
-    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisFuture, Script, TlsCertificates, Value,
-};
+use redis::{Client, IntoConnectionInfo, RedisFuture, Script, TlsCertificates, Value};
 
 use self::reply::{Reply, corrupt};
 use super::{
@@ -63,12 +62,39 @@ struct Scripts {
     clear_session: Script,
 }
 
-/// Where commands go: a pool of connections to one Redis, or one
+/// Where commands go: a few multiplexed connections to one Redis, or one
 /// multiplexed cluster connection (it keeps a connection per node and
 /// follows MOVED/ASK by itself), made on first use and again after failure.
 enum Target {
-    Standalone(Pool),
+    Standalone(Box<Standalone>),
     Cluster(Box<ClusterTarget>),
+}
+
+/// `TURNSTORE_REDIS_POOL_SIZE` multiplexed connections, each connecting on
+/// first use and reconnecting by itself; requests take them in turn. Unlike
+/// a checkout pool, there is no health check per request: one operation is
+/// one round trip.
+struct Standalone {
+    conns: Vec<ConnectionManager>,
+    /// Requests in flight on each connection, for the pool metrics.
+    in_flight: Vec<Arc<AtomicUsize>>,
+    next: AtomicUsize,
+}
+
+/// Counts a request in flight on a connection while it lives.
+struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 struct ClusterTarget {
@@ -78,14 +104,18 @@ struct ClusterTarget {
 
 /// A connection of either kind.
 enum Conn {
-    Standalone(deadpool_redis::Connection),
+    Standalone {
+        conn: ConnectionManager,
+        /// Held, not read: it counts the request while the connection is used.
+        _in_flight: InFlight,
+    },
     Cluster(ClusterConnection),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Standalone(c) => c.req_packed_command(cmd),
+            Conn::Standalone { conn: c, .. } => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -97,14 +127,14 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Standalone(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Standalone { conn: c, .. } => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Standalone(c) => c.get_db(),
+            Conn::Standalone { conn: c, .. } => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }
@@ -154,19 +184,22 @@ impl RedisStore {
                     .get_connection_info()
                     .clone(),
             };
-            let conn_config = AsyncConnectionConfig::new()
+            let client = Client::open(info).map_err(invalid)?;
+            let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(opts.timeout))
-                .set_response_timeout(Some(opts.timeout));
-            let manager = Manager::new_with_config(info, conn_config).map_err(invalid)?;
-            let pool = Pool::builder(manager)
-                .max_size(opts.pool_size)
-                .wait_timeout(Some(opts.timeout))
-                .create_timeout(Some(opts.timeout))
-                .recycle_timeout(Some(opts.timeout))
-                .runtime(Runtime::Tokio1)
-                .build()
-                .map_err(|e| format!("cannot build the Redis pool: {e}"))?;
-            Target::Standalone(pool)
+                .set_response_timeout(Some(opts.timeout))
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(50))
+                .set_max_delay(opts.timeout);
+            let conns = (0..opts.pool_size.max(1))
+                .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid)?;
+            Target::Standalone(Box::new(Standalone {
+                in_flight: conns.iter().map(|_| Arc::default()).collect(),
+                conns,
+                next: AtomicUsize::new(0),
+            }))
         } else {
             let mut builder = ClusterClientBuilder::new(opts.cluster_nodes)
                 .connection_timeout(opts.timeout)
@@ -208,11 +241,13 @@ impl RedisStore {
 
     async fn connection(&self) -> Result<Conn, StoreError> {
         match &self.target {
-            Target::Standalone(pool) => pool
-                .get()
-                .await
-                .map(Conn::Standalone)
-                .map_err(|e| StoreError::Unavailable(format!("no Redis connection: {e}"))),
+            Target::Standalone(pool) => {
+                let i = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
+                Ok(Conn::Standalone {
+                    conn: pool.conns[i].clone(),
+                    _in_flight: InFlight::new(&pool.in_flight[i]),
+                })
+            }
             Target::Cluster(cluster) => {
                 let mut slot = cluster.conn.lock().await;
                 if let Some(c) = slot.as_ref() {
@@ -630,11 +665,16 @@ impl Store for RedisStore {
         let Target::Standalone(pool) = &self.target else {
             return None;
         };
-        let s = pool.status();
+        let busy: Vec<usize> = pool
+            .in_flight
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
         Some(PoolStatus {
-            size: s.size,
-            available: s.available,
-            waiting: s.waiting,
+            size: pool.conns.len(),
+            available: busy.iter().filter(|n| **n == 0).count(),
+            // Requests queued behind another on a multiplexed connection.
+            waiting: busy.iter().map(|n| n.saturating_sub(1)).sum(),
         })
     }
 
