@@ -64,7 +64,11 @@ pub fn main() -> ExitCode {
 
 fn serve(settings: Settings) -> ExitCode {
     init_logging(settings.log_format);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if settings.worker_threads > 0 {
+        builder.worker_threads(settings.worker_threads);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the runtime");

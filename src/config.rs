@@ -97,6 +97,11 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_MAX_CONCURRENCY", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrency: u32,
 
+    /// Threads serving requests; 0 means one per core. On a small host shared
+    /// with Redis, fewer threads can be faster (fewer cross-thread wake-ups).
+    #[arg(long, env = "TURNSTORE_WORKER_THREADS", default_value_t = 0)]
+    pub worker_threads: usize,
+
     /// On SIGTERM or ctrl-c, how long requests in flight may take to finish.
     #[arg(long, env = "TURNSTORE_SHUTDOWN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -144,6 +149,7 @@ impl Default for Settings {
             request_timeout: Duration::from_secs(5),
             max_concurrency: 1024,
             shutdown_timeout: Duration::from_secs(10),
+            worker_threads: 0,
             log_format: LogFormat::Text,
             store_timeout: Duration::from_secs(1),
             redis_pool_size: 16,
