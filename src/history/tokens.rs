@@ -143,15 +143,34 @@ impl QueryTokens {
 
 impl AnswerTokens {
     pub fn count(encoding: Encoding, answer: &str) -> Self {
-        let sep = assistant_line(answer, true);
-        let last = &sep[..sep.len() - 2];
+        let last = assistant_line(answer, false);
+        let assistant_last = encoding.count(&last);
         AnswerTokens {
             encoding,
             answer: encoding.count(answer),
-            assistant_sep: encoding.count(&sep),
-            assistant_last: encoding.count(last),
+            assistant_sep: count_with_suffix(encoding, &last, assistant_last, "\n\n"),
+            assistant_last,
         }
     }
+}
+
+/// `count(text + suffix)`, given `count(text)`, without tokenizing `text`
+/// again when that is exact: if `text` ends in a run `T` of ASCII
+/// non-alphanumerics right after an ASCII letter or digit, no
+/// pre-tokenizer piece spans the start of `T` (with or without a suffix of
+/// newlines), so only `T` and `T + suffix` need counting. Otherwise the
+/// whole text is counted again.
+fn count_with_suffix(encoding: Encoding, text: &str, text_count: u32, suffix: &str) -> u32 {
+    let tail_start = text
+        .bytes()
+        .rposition(|b| !b.is_ascii() || b.is_ascii_alphanumeric())
+        .map_or(0, |i| i + 1);
+    let before_tail = text[..tail_start].as_bytes().last();
+    if !before_tail.is_some_and(u8::is_ascii_alphanumeric) {
+        return encoding.count(&format!("{text}{suffix}"));
+    }
+    let tail = &text[tail_start..];
+    text_count - encoding.count(tail) + encoding.count(&format!("{tail}{suffix}"))
 }
 
 pub(crate) fn user_line(query: &str) -> String {
@@ -206,6 +225,46 @@ mod tests {
     #[test]
     fn special_token_text_counts_as_text() {
         assert!(Encoding::Cl100kBase.count("<|endoftext|>") > 1);
+    }
+
+    #[test]
+    fn suffix_counts_match_a_fresh_count() {
+        for enc in [Encoding::O200kBase, Encoding::Cl100kBase] {
+            for text in [
+                "Assistant: Done.",
+                "Assistant: Done",
+                "Assistant: 2024",
+                "Assistant: it's",
+                "Assistant: (see above)  \n",
+                "Assistant: ok!\r\n\t ",
+                "Assistant: 漢字。",
+                "Assistant: café…",
+                "Assistant: 🙂",
+                "Assistant: x'",
+            ] {
+                let whole = enc.count(&format!("{text}\n\n"));
+                assert_eq!(
+                    count_with_suffix(enc, text, enc.count(text), "\n\n"),
+                    whole,
+                    "{text:?}"
+                );
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn suffix_count_is_exact(
+            body in "[a-zA-Z0-9 .,!?'\"()\\-:;\t\r\n/é漢🙂…]{0,40}",
+            cl100k in proptest::prelude::any::<bool>(),
+        ) {
+            let enc = if cl100k { Encoding::Cl100kBase } else { Encoding::O200kBase };
+            let text = format!("Assistant: {body}");
+            let fresh = enc.count(&format!("{text}\n\n"));
+            proptest::prop_assert_eq!(count_with_suffix(enc, &text, enc.count(&text), "\n\n"), fresh);
+        }
     }
 
     #[test]
