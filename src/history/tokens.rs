@@ -165,7 +165,7 @@ fn count_with_suffix(encoding: Encoding, text: &str, text_count: u32, suffix: &s
         .bytes()
         .rposition(|b| !b.is_ascii() || b.is_ascii_alphanumeric())
         .map_or(0, |i| i + 1);
-    let before_tail = text[..tail_start].as_bytes().last();
+    let before_tail = text.as_bytes()[..tail_start].last();
     if !before_tail.is_some_and(u8::is_ascii_alphanumeric) {
         return encoding.count(&format!("{text}{suffix}"));
     }
