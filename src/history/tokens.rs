@@ -133,25 +133,49 @@ pub struct AnswerTokens {
 
 impl QueryTokens {
     pub fn count(encoding: Encoding, query: &str) -> Self {
+        let query_count = encoding.count(query);
+        let line = user_line(query);
+        let head = line.strip_suffix('\n').unwrap_or(&line);
+        let head_count = count_with_prefix(encoding, USER, query, query_count);
         QueryTokens {
             encoding,
-            query: encoding.count(query),
-            user_line: encoding.count(&user_line(query)),
+            query: query_count,
+            user_line: count_with_suffix(encoding, head, head_count, "\n"),
         }
     }
 }
 
 impl AnswerTokens {
     pub fn count(encoding: Encoding, answer: &str) -> Self {
+        let answer_count = encoding.count(answer);
         let last = assistant_line(answer, false);
-        let assistant_last = encoding.count(&last);
+        let assistant_last = count_with_prefix(encoding, ASSISTANT, answer, answer_count);
         AnswerTokens {
             encoding,
-            answer: encoding.count(answer),
+            answer: answer_count,
             assistant_sep: count_with_suffix(encoding, &last, assistant_last, "\n\n"),
             assistant_last,
         }
     }
+}
+
+/// `count(prefix + text)`, given `count(text)`, tokenizing only `prefix`
+/// and the head of `text` when that is exact: no pre-tokenizer piece spans
+/// an ASCII letter followed by a space (a piece holding a letter ends with
+/// a letter; the space can only begin one), whatever comes before or after.
+/// So cut at the first such pair, the pieces after the cut are the same
+/// with or without `prefix`, and the pieces before it are those of the head
+/// alone. With no such pair the whole of `prefix + text` is counted.
+fn count_with_prefix(encoding: Encoding, prefix: &str, text: &str, text_count: u32) -> u32 {
+    let cut = text
+        .as_bytes()
+        .windows(2)
+        .position(|w| w[0].is_ascii_alphabetic() && w[1] == b' ');
+    let Some(cut) = cut.map(|i| i + 1) else {
+        return encoding.count(&format!("{prefix}{text}"));
+    };
+    let head = &text[..cut];
+    text_count - encoding.count(head) + encoding.count(&format!("{prefix}{head}"))
 }
 
 /// `count(text + suffix)`, given `count(text)`, without tokenizing `text`
@@ -173,9 +197,12 @@ fn count_with_suffix(encoding: Encoding, text: &str, text_count: u32, suffix: &s
     text_count - encoding.count(tail) + encoding.count(&format!("{tail}{suffix}"))
 }
 
+const USER: &str = "User: ";
+const ASSISTANT: &str = "Assistant: ";
+
 pub(crate) fn user_line(query: &str) -> String {
     let mut s = String::with_capacity(query.len() + 7);
-    s.push_str("User: ");
+    s.push_str(USER);
     s.push_str(query);
     s.push('\n');
     s
@@ -183,7 +210,7 @@ pub(crate) fn user_line(query: &str) -> String {
 
 pub(crate) fn assistant_line(answer: &str, separated: bool) -> String {
     let mut s = String::with_capacity(answer.len() + 13);
-    s.push_str("Assistant: ");
+    s.push_str(ASSISTANT);
     s.push_str(answer);
     if separated {
         s.push_str("\n\n");
@@ -252,8 +279,53 @@ mod tests {
         }
     }
 
+    #[test]
+    fn prefix_counts_match_a_fresh_count() {
+        for enc in Encoding::ALL {
+            for text in [
+                "The answer is 42.",
+                "it's here",
+                "Done",
+                "  leading spaces then words",
+                "\nnewline first, then words",
+                "2024 was a year",
+                "漢字 and words",
+                "café au lait",
+                "a b",
+                "x",
+                "",
+                "ÉTÉ chaud",
+                "ab\u{301} combining",
+            ] {
+                for prefix in [USER, ASSISTANT] {
+                    let whole = enc.count(&format!("{prefix}{text}"));
+                    assert_eq!(
+                        count_with_prefix(enc, prefix, text, enc.count(text)),
+                        whole,
+                        "{enc:?} {prefix:?} {text:?}"
+                    );
+                }
+            }
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn write_time_counts_are_exact(
+            text in "[a-zA-Z0-9 .,!?'\"()\\-:;\t\r\n/é漢🙂…\u{301}]{0,60}",
+            encoding in 0..Encoding::ALL.len(),
+        ) {
+            let enc = Encoding::ALL[encoding];
+            let q = QueryTokens::count(enc, &text);
+            proptest::prop_assert_eq!(q.query, enc.count(&text));
+            proptest::prop_assert_eq!(q.user_line, enc.count(&user_line(&text)));
+            let a = AnswerTokens::count(enc, &text);
+            proptest::prop_assert_eq!(a.answer, enc.count(&text));
+            proptest::prop_assert_eq!(a.assistant_last, enc.count(&assistant_line(&text, false)));
+            proptest::prop_assert_eq!(a.assistant_sep, enc.count(&assistant_line(&text, true)));
+        }
 
         #[test]
         fn suffix_count_is_exact(
