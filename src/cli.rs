@@ -133,10 +133,13 @@ fn migrate(settings: Settings) -> ExitCode {
             .await
         {
             Ok(r) => {
-                println!(
-                    "layout {} -> {}: {} sessions, {} keys moved, {} conflicts",
-                    r.from, r.to, r.sessions, r.keys_moved, r.conflicts
-                );
+                for s in &r.steps {
+                    println!(
+                        "{}: {} sessions, {} {}, {} conflicts",
+                        s.name, s.sessions, s.changes.0, s.changes.1, s.conflicts
+                    );
+                }
+                println!("layout {} -> {}", r.from, r.to);
                 ExitCode::SUCCESS
             }
             Err(e) => {

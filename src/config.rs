@@ -116,7 +116,7 @@ pub struct Settings {
     pub store_timeout: Duration,
 
     /// Multiplexed Redis connections per instance, used in turn.
-    #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub redis_pool_size: u32,
 }
 

@@ -22,11 +22,15 @@ pub fn rfc3339(ms: Millis) -> String {
 }
 
 /// A started turn. Until finalized it is not in the history.
+///
+/// Stored records leave out the turn id: it is the hash field they are
+/// stored under (records of layout 2 and older still carry it as `"id"`).
+/// Read them with [`PendingTurn::parse`] and [`FinalizedTurn::parse`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingTurn {
     #[serde(rename = "s")]
     pub seq: u64,
-    #[serde(rename = "id")]
+    #[serde(rename = "id", default = "TurnId::nil", skip_serializing)]
     pub turn_id: TurnId,
     #[serde(rename = "q")]
     pub user_query: String,
@@ -43,7 +47,7 @@ pub struct PendingTurn {
 /// splices `"s":<seq>,` in front of these fields.
 #[derive(Debug, Serialize)]
 pub struct NewPendingTurn<'a> {
-    #[serde(rename = "id")]
+    #[serde(skip)]
     pub turn_id: &'a TurnId,
     #[serde(rename = "q")]
     pub user_query: &'a str,
@@ -93,6 +97,22 @@ impl FinalizedTurn {
     pub fn seq(&self) -> u64 {
         self.start.seq
     }
+
+    /// A stored record, and the id it is stored under.
+    pub fn parse(turn_id: TurnId, json: &str) -> serde_json::Result<Self> {
+        let mut turn: Self = serde_json::from_str(json)?;
+        turn.start.turn_id = turn_id;
+        Ok(turn)
+    }
+}
+
+impl PendingTurn {
+    /// A stored record, and the id it is stored under.
+    pub fn parse(turn_id: TurnId, json: &str) -> serde_json::Result<Self> {
+        let mut turn: Self = serde_json::from_str(json)?;
+        turn.turn_id = turn_id;
+        Ok(turn)
+    }
 }
 
 #[cfg(test)]
@@ -119,7 +139,50 @@ mod tests {
         };
         let json = serde_json::to_string(&new).unwrap();
         let spliced = format!("{{\"s\":7,{}", &json[1..]);
-        let parsed: PendingTurn = serde_json::from_str(&spliced).unwrap();
+        let parsed = PendingTurn::parse(id, &spliced).unwrap();
         assert_eq!(parsed, new.with_seq(7));
+    }
+
+    #[test]
+    fn records_leave_out_the_id_and_the_default_encoding() {
+        let id = TurnId::generate();
+        let turn = FinalizedTurn {
+            start: PendingTurn {
+                seq: 3,
+                turn_id: id,
+                user_query: "hi".into(),
+                started_at: 5,
+                idempotency_key: None,
+                tokens: QueryTokens::count(Encoding::O200kBase, "hi"),
+            },
+            end: Finalization {
+                final_answer: "yo".into(),
+                finalized_at: 6,
+                tokens: AnswerTokens::count(Encoding::O200kBase, "yo"),
+            },
+        };
+        let json = serde_json::to_string(&turn).unwrap();
+        assert_eq!(
+            json,
+            r#"{"p":{"s":3,"q":"hi","t":5,"n":{"q":1,"u":4}},"f":{"a":"yo","t":6,"n":{"a":1,"s":4,"l":3}}}"#
+        );
+        assert_eq!(FinalizedTurn::parse(id, &json).unwrap(), turn);
+
+        let mut cl100k = turn.clone();
+        cl100k.start.tokens.encoding = Encoding::Cl100kBase;
+        let json = serde_json::to_string(&cl100k).unwrap();
+        assert!(json.contains(r#""n":{"e":"cl100k_base","q":1"#), "{json}");
+        assert_eq!(FinalizedTurn::parse(id, &json).unwrap(), cl100k);
+    }
+
+    #[test]
+    fn layout_2_records_still_parse() {
+        let id = TurnId::generate();
+        let json = format!(
+            r#"{{"p":{{"s":3,"id":"{id}","q":"hi","t":5,"n":{{"e":"o200k_base","q":1,"u":4}}}},"f":{{"a":"yo","t":6,"n":{{"e":"o200k_base","a":1,"s":4,"l":3}}}}}}"#
+        );
+        let turn = FinalizedTurn::parse(id, &json).unwrap();
+        assert_eq!((turn.start.turn_id, turn.seq()), (id, 3));
+        assert_eq!(turn.end.tokens.encoding, Encoding::O200kBase);
     }
 }

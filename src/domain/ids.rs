@@ -88,6 +88,11 @@ impl TurnId {
         Self(Uuid::now_v7())
     }
 
+    /// The all-zero id: no turn has it.
+    pub fn nil() -> Self {
+        Self(Uuid::nil())
+    }
+
     pub fn parse(s: &str) -> Result<Self, &'static str> {
         Uuid::try_parse(s)
             .map(Self)

@@ -14,8 +14,9 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 use tiktoken_rs::CoreBPE;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Encoding {
+    #[default]
     #[serde(rename = "o200k_base")]
     O200kBase,
     #[serde(rename = "o200k_harmony")]
@@ -41,6 +42,10 @@ impl Encoding {
         Encoding::P50kEdit,
         Encoding::R50kBase,
     ];
+
+    fn is_default(&self) -> bool {
+        *self == Encoding::default()
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -105,7 +110,8 @@ impl Encoding {
 /// Counts of a question, taken at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueryTokens {
-    #[serde(rename = "e")]
+    /// Left out of stored records when it is `o200k_base`.
+    #[serde(rename = "e", default, skip_serializing_if = "Encoding::is_default")]
     pub encoding: Encoding,
     /// `q` alone (the `messages` rendering).
     #[serde(rename = "q")]
@@ -118,7 +124,8 @@ pub struct QueryTokens {
 /// Counts of an answer, taken at finalize.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AnswerTokens {
-    #[serde(rename = "e")]
+    /// Left out of stored records when it is `o200k_base`.
+    #[serde(rename = "e", default, skip_serializing_if = "Encoding::is_default")]
     pub encoding: Encoding,
     /// `a` alone (the `messages` rendering).
     #[serde(rename = "a")]

@@ -1,5 +1,6 @@
 //! Data-layout migrations on a real redis-server: data written in layout 1,
-//! `serve` refusing it, `turnstore migrate`, and the data read back over HTTP.
+//! `serve` refusing it, `turnstore migrate` (1 -> 2 -> 3), and the data read
+//! back over HTTP.
 
 use std::process::Command;
 
@@ -42,6 +43,33 @@ fn finalized(seq: u64, q: &str, a: &str, at: i64) -> FinalizedTurn {
     }
 }
 
+/// A pending record as layouts 1 and 2 wrote it: with its turn id, and the
+/// encoding of its counts.
+fn legacy_pending(t: &PendingTurn) -> String {
+    format!(
+        r#"{{"s":{},"id":"{}","q":{},"t":{},"n":{{"e":"o200k_base","q":{},"u":{}}}}}"#,
+        t.seq,
+        t.turn_id,
+        json!(t.user_query),
+        t.started_at,
+        t.tokens.query,
+        t.tokens.user_line
+    )
+}
+
+fn legacy_finalized(t: &FinalizedTurn) -> String {
+    let e = &t.end;
+    format!(
+        r#"{{"p":{},"f":{{"a":{},"t":{},"n":{{"e":"o200k_base","a":{},"s":{},"l":{}}}}}}}"#,
+        legacy_pending(&t.start),
+        json!(e.final_answer),
+        e.finalized_at,
+        e.tokens.answer,
+        e.tokens.assistant_sep,
+        e.tokens.assistant_last
+    )
+}
+
 /// A session as layout 1 stored it: long key suffixes, no version key.
 fn write_layout_1_session(
     redis: &Redis,
@@ -52,7 +80,8 @@ fn write_layout_1_session(
     let turns = vec![
         finalized(
             1,
-            "What is our refund policy?",
+            // Text that looks like the keys migration 0003 removes: it must stay.
+            r#"What is our refund policy? Not {"id":"x","n":{"e":"o200k_base","q":1}}."#,
             "30 days, no questions asked.",
             now - 5000,
         ),
@@ -82,16 +111,12 @@ fn write_layout_1_session(
     ]);
     for t in &turns {
         let id = t.start.turn_id.to_string();
-        redis.cli(&["HSET", &k("turns"), &id, &serde_json::to_string(t).unwrap()]);
+        let json = legacy_finalized(t);
+        redis.cli(&["HSET", &k("turns"), &id, &json]);
         redis.cli(&["ZADD", &k("order"), &t.seq().to_string(), &id]);
     }
     let id = open.turn_id.to_string();
-    redis.cli(&[
-        "HSET",
-        &k("pending"),
-        &id,
-        &serde_json::to_string(&open).unwrap(),
-    ]);
+    redis.cli(&["HSET", &k("pending"), &id, &legacy_pending(&open)]);
     redis.cli(&["ZADD", &k("deadlines"), &(now + 600_000).to_string(), &id]);
     for suffix in ["meta", "turns", "order", "pending", "deadlines"] {
         redis.cli(&["PEXPIRE", &k(suffix), ttl]);
@@ -128,11 +153,18 @@ async fn layout_1_data_is_migrated_and_served() {
     );
     assert_eq!(
         out(&first).trim(),
-        "layout 1 -> 2: 1001 sessions, 1005 keys moved, 0 conflicts"
+        "0002_short_session_keys: 1001 sessions, 1005 keys moved, 0 conflicts\n\
+         0003_compact_turn_records: 1001 sessions, 3 records rewritten, 0 conflicts\n\
+         layout 1 -> 3"
     );
-    assert_eq!(
-        out(&again).trim(),
-        "layout 2 -> 2: 0 sessions, 0 keys moved, 0 conflicts"
+    assert_eq!(out(&again).trim(), "layout 3 -> 3");
+    let stored = redis.cli(&["HGETALL", "turnstore:{legacy-1}:t"])
+        + &redis.cli(&["HGETALL", "turnstore:{legacy-1}:p"]);
+    assert!(!stored.contains(r#""id":""#), "{stored}");
+    assert!(!stored.contains(r#""e":"o200k_base""#), "{stored}");
+    assert!(
+        stored.contains(r#"Not {\"id\":\"x\",\"n\":{\"e\":\"o200k_base\""#),
+        "{stored}"
     );
     assert_eq!(
         redis.cli(&["EXISTS", "turnstore:{legacy-1}:meta"]).trim(),
@@ -209,7 +241,7 @@ async fn layout_1_data_is_migrated_and_served() {
 fn a_newer_layout_is_refused() {
     // Arrange
     let redis = Redis::unix();
-    redis.cli(&["SET", "turnstore:layout", "3"]);
+    redis.cli(&["SET", "turnstore:layout", "4"]);
 
     // Act
     let serve = turnstore(&[], &redis);
@@ -236,7 +268,7 @@ fn a_fresh_store_is_marked_with_the_current_layout() {
     // Assert
     assert_eq!(
         redis.cli(&["GET", "turnstore:layout"]).trim(),
-        "2",
+        "3",
         "{}",
         ts.log()
     );
@@ -275,7 +307,9 @@ fn migrate_scans_every_master_of_a_cluster() {
     );
     assert_eq!(
         stdout.trim(),
-        "layout 1 -> 2: 30 sessions, 30 keys moved, 0 conflicts"
+        "0002_short_session_keys: 30 sessions, 30 keys moved, 0 conflicts\n\
+         0003_compact_turn_records: 30 sessions, 0 records rewritten, 0 conflicts\n\
+         layout 1 -> 3"
     );
     for s in &sessions {
         let key = format!("turnstore:{{{s}}}:m");

@@ -2,6 +2,7 @@
 -- (suffixes m, t, o, p, d, i in layout 2):
 --   1 meta       hash: user_id, created_at, last_active_at, next_seq, indexed_at
 --   2 turns      hash: turn_id -> finalized turn JSON {"p":{...},"f":{...}}
+--                (layout 3: records leave out the turn id, their hash field)
 --   3 order      zset: turn_id scored by seq (finalized turns)
 --   4 pending    hash: turn_id -> pending turn JSON {"s":seq,...}
 --   5 deadlines  zset: turn_id scored by the ms its pending turn expires
@@ -58,19 +59,25 @@ local function hmget_all(key, ids)
   return out
 end
 
--- Finalized turns with seq < before: {total, newest first (at most limit), first or false}.
+-- The seq at the head of a pending record: {"s":<seq>,...}.
+local function seq_of(rec)
+  return tonumber(string.match(rec, '^{"s":(%d+)'))
+end
+
+-- Finalized turns with seq < before:
+-- {total, ids newest first (at most limit), their records, first id or false, its record or false}.
 local function read_history(before, limit, keep_first)
   local upper = '(' .. before
   local total = redis.call('ZCOUNT', KEYS[3], '-inf', upper)
-  local recs = {}
-  local first = false
+  local ids, recs = {}, {}
+  local first_id, first = false, false
   if limit > 0 and total > 0 then
-    local ids = redis.call('ZREVRANGEBYSCORE', KEYS[3], upper, '-inf', 'LIMIT', 0, limit)
+    ids = redis.call('ZREVRANGEBYSCORE', KEYS[3], upper, '-inf', 'LIMIT', 0, limit)
     recs = hmget_all(KEYS[2], ids)
     if keep_first then
       local f = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', upper, 'LIMIT', 0, 1)
-      if #f > 0 then first = redis.call('HGET', KEYS[2], f[1]) end
+      if #f > 0 then first_id, first = f[1], redis.call('HGET', KEYS[2], f[1]) end
     end
   end
-  return {total, recs, first}
+  return {total, ids, recs, first_id, first}
 end

@@ -11,7 +11,7 @@ if not rec then return {'not_found'} end
 
 local full = '{"p":' .. rec .. ',"f":' .. ARGV[4] .. '}'
 redis.call('HSET', KEYS[2], tid, full)
-redis.call('ZADD', KEYS[3], cjson.decode(rec).s, tid)
+redis.call('ZADD', KEYS[3], seq_of(rec), tid)
 redis.call('HDEL', KEYS[4], tid)
 redis.call('ZREM', KEYS[5], tid)
 

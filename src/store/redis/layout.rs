@@ -8,11 +8,12 @@ use super::{Conn, RedisStore, Target};
 use crate::store::StoreError;
 
 /// The layout this build reads and writes.
-pub const LAYOUT: u32 = 2;
+pub const LAYOUT: u32 = 3;
 
 /// Key suffixes of a session's six keys, per layout (index = layout - 1).
-const SUFFIXES: [[&str; 6]; 2] = [
+const SUFFIXES: [[&str; 6]; 3] = [
     ["meta", "turns", "order", "pending", "deadlines", "idem"],
+    ["m", "t", "o", "p", "d", "i"],
     ["m", "t", "o", "p", "d", "i"],
 ];
 
@@ -20,18 +21,31 @@ pub fn session_suffixes(layout: u32) -> [&'static str; 6] {
     SUFFIXES[(layout as usize).clamp(1, SUFFIXES.len()) - 1]
 }
 
+/// A migration's script runs once per session with the session's keys in
+/// the old layout, then in the new one, and returns `{changes, conflicts}`.
 struct Migration {
     /// The layout it produces.
     to: u32,
     name: &'static str,
+    /// What its changes are, for the report.
+    changes: &'static str,
     script: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    to: 2,
-    name: "0002_short_session_keys",
-    script: include_str!("../../../migrations/0002_short_session_keys.lua"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        to: 2,
+        name: "0002_short_session_keys",
+        changes: "keys moved",
+        script: include_str!("../../../migrations/0002_short_session_keys.lua"),
+    },
+    Migration {
+        to: 3,
+        name: "0003_compact_turn_records",
+        changes: "records rewritten",
+        script: include_str!("../../../migrations/0003_compact_turn_records.lua"),
+    },
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
@@ -45,13 +59,20 @@ pub enum LayoutError {
     Store(#[from] StoreError),
 }
 
-/// What `migrate` did.
+/// What `migrate` did: one step per migration applied.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct MigrateReport {
     pub from: u32,
     pub to: u32,
+    pub steps: Vec<MigrateStep>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct MigrateStep {
+    pub name: &'static str,
     pub sessions: u64,
-    pub keys_moved: u64,
+    /// How many, and what (`"keys moved"`, …).
+    pub changes: (u64, &'static str),
     pub conflicts: u64,
 }
 
@@ -194,10 +215,10 @@ impl RedisStore {
         let mut report = MigrateReport {
             from,
             to: from,
-            ..MigrateReport::default()
+            steps: Vec::new(),
         };
         for m in MIGRATIONS.iter().filter(|m| m.to > from) {
-            self.apply(m, &mut report, &progress).await?;
+            report.steps.push(self.apply(m, &progress).await?);
             let cmd = redis::cmd("SET").arg(self.layout_key()).arg(m.to).clone();
             self.query::<Value>(cmd).await?;
             report.to = m.to;
@@ -217,9 +238,14 @@ impl RedisStore {
     async fn apply(
         &self,
         m: &Migration,
-        report: &mut MigrateReport,
         progress: &impl Fn(&str),
-    ) -> Result<(), LayoutError> {
+    ) -> Result<MigrateStep, LayoutError> {
+        let mut report = MigrateStep {
+            name: m.name,
+            sessions: 0,
+            changes: (0, m.changes),
+            conflicts: 0,
+        };
         let script = redis::Script::new(m.script);
         let (old, new) = (session_suffixes(m.to - 1), session_suffixes(m.to));
         let pattern = format!("{}:{{*}}:{}", self.prefix, old[0]);
@@ -253,11 +279,11 @@ impl RedisStore {
                     for suffix in old.iter().chain(new.iter()) {
                         inv.key(format!("{base}{suffix}"));
                     }
-                    let (moved, conflicts): (u64, u64) = self
+                    let (changes, conflicts): (u64, u64) = self
                         .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
                         .await?;
                     report.sessions += 1;
-                    report.keys_moved += moved;
+                    report.changes.0 += changes;
                     report.conflicts += conflicts;
                 }
                 if next == 0 {
@@ -274,6 +300,6 @@ impl RedisStore {
             self.query::<Value>(redis::cmd("DEL").arg(&cursor_key).clone())
                 .await?;
         }
-        Ok(())
+        Ok(report)
     }
 }

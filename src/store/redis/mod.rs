@@ -2,9 +2,11 @@
 //! `{session_id}`, so each operation is one Lua script on one slot: atomic,
 //! and one round trip. Key formats and scripts live here and nowhere else.
 //!
-//! Layout 2 (prefix `P`, session `S`, user `U`; see `layout.rs` and `migrations/`):
+//! Layout 3 (prefix `P`, session `S`, user `U`; see `layout.rs` and `migrations/`):
 //! - `P:{S}:m` (meta), `P:{S}:t` (turns), `P:{S}:o` (order), `P:{S}:p`
 //!   (pending), `P:{S}:d` (deadlines), `P:{S}:i` (idempotency): see `common.lua`.
+//!   Turn records are JSON without their turn id (the hash field they are
+//!   stored under), and without `"e"` when the encoding is `o200k_base`.
 //! - `P:layout`: the layout version.
 //! - `P:user:U`: zset of the user's session ids (another slot). It is only a
 //!   hint: listings check each session, and drop the dead ones.
@@ -12,7 +14,7 @@
 mod layout;
 mod reply;
 
-pub use self::layout::{LAYOUT, LayoutError, MigrateReport};
+pub use self::layout::{LAYOUT, LayoutError, MigrateReport, MigrateStep};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -405,11 +407,21 @@ fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn parse<T: serde::de::DeserializeOwned>(json: &str) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|e| corrupt(format!("turn record: {e}")))
+fn turn_id(id: &str) -> Result<TurnId, StoreError> {
+    TurnId::parse(id).map_err(|_| corrupt(format!("turn id {id:?}")))
 }
 
-/// `{total, newest first, first or nil}` from `read_history`.
+fn finalized(id: TurnId, json: &str) -> Result<FinalizedTurn, StoreError> {
+    FinalizedTurn::parse(id, json).map_err(|e| corrupt(format!("turn record: {e}")))
+}
+
+fn pending(id: TurnId, json: &str) -> Result<PendingTurn, StoreError> {
+    PendingTurn::parse(id, json).map_err(|e| corrupt(format!("turn record: {e}")))
+}
+
+/// `{total, ids newest first, their records, first id, its record}` from
+/// `read_history`. A record missing under its id (never, short of manual
+/// edits) is skipped.
 fn stored_history(
     v: Value,
     user_id: Option<String>,
@@ -417,13 +429,19 @@ fn stored_history(
 ) -> Result<StoredHistory, StoreError> {
     let mut h = Reply::array(v)?;
     let total_turns = h.uint()?;
-    let newest_first = h
-        .list()?
-        .into_iter()
-        .filter_map(|v| Reply::opt_string_of(v).transpose())
-        .map(|s| s.and_then(|s| parse::<FinalizedTurn>(&s)))
-        .collect::<Result<_, _>>()?;
-    let first = h.opt_string()?.map(|s| parse(&s)).transpose()?;
+    let ids = h.list()?;
+    let recs = h.list()?;
+    let mut newest_first = Vec::with_capacity(recs.len());
+    for (id, rec) in ids.into_iter().zip(recs) {
+        if let Some(rec) = Reply::opt_string_of(rec)? {
+            newest_first.push(finalized(turn_id(&Reply::string_of(id)?)?, &rec)?);
+        }
+    }
+    let first_id = h.opt_string()?;
+    let first = match (first_id, h.opt_string()?) {
+        (Some(id), Some(rec)) => Some(finalized(turn_id(&id)?, &rec)?),
+        _ => None,
+    };
     Ok(StoredHistory {
         user_id,
         total_turns,
@@ -475,11 +493,12 @@ impl Store for RedisStore {
         }
         let user_id = r.owner()?;
         let kind = r.string()?;
+        let id = turn_id(&r.string()?)?;
         let json = r.string()?;
-        let turn: PendingTurn = if kind == "f" {
-            parse::<FinalizedTurn>(&json)?.start
+        let turn = if kind == "f" {
+            finalized(id, &json)?.start
         } else {
-            parse(&json)?
+            pending(id, &json)?
         };
         let history_value = r.next()?;
         let pending_before = r.uint()?;
@@ -528,11 +547,11 @@ impl Store for RedisStore {
         let mut r = Reply::array(v)?;
         match r.string()?.as_str() {
             "ok" => {
-                let done = parse(&r.string()?)?;
+                let done = finalized(turn, &r.string()?)?;
                 self.expired_pending.inc_by(r.uint()?);
                 Ok(Finalized::Now(done))
             }
-            "already" => Ok(Finalized::Already(parse(&r.string()?)?)),
+            "already" => Ok(Finalized::Already(finalized(turn, &r.string()?)?)),
             "not_found" => Err(StoreError::TurnNotFound),
             other => Err(corrupt(format!("finalize_turn status {other}"))),
         }

@@ -1,7 +1,7 @@
 -- ARGV: 1 now, 2 session ttl ms, 3 pending ttl ms, 4 user_id or '', 5 turn_id,
 --       6 pending JSON without seq, 7 idempotency key or '', 8 request hash,
 --       9 history limit (-1: no history), 10 keep_first '1'/'0', 11 index refresh ms
--- Returns {status, owner, kind, turn JSON, history or false, pending before, expired, reindex}
+-- Returns {status, owner, kind, turn id, turn JSON, history or false, pending before, expired, reindex}
 local now = tonumber(ARGV[1])
 local user = ARGV[4]
 local key = ARGV[7]
@@ -30,9 +30,9 @@ if key ~= '' then
       local before = 0
       for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf')) do
         local p = redis.call('HGET', KEYS[4], id)
-        if p and cjson.decode(p).s < tonumber(seq) then before = before + 1 end
+        if p and seq_of(p) < tonumber(seq) then before = before + 1 end
       end
-      return {'replay', owner or '', kind, rec, history(seq), before, 0, 0}
+      return {'replay', owner or '', kind, tid, rec, history(seq), before, 0, 0}
     end
   end
 end
@@ -61,4 +61,4 @@ if owner then
   end
 end
 touch(ARGV[2])
-return {'ok', owner or '', 'p', rec, history(seq), pending_before, expired, reindex}
+return {'ok', owner or '', 'p', ARGV[5], rec, history(seq), pending_before, expired, reindex}
