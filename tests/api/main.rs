@@ -501,7 +501,19 @@ async fn max_turns_trims_the_oldest(backend: Backend) {
     let s = sid();
 
     for i in 1..=5 {
-        app.complete(&s, &format!("q{i}"), &format!("a{i}")).await;
+        let t = ok_json(
+            app.start_with_key(
+                &format!("key-{i}"),
+                json!({"session_id": s, "user_query": format!("q{i}")}),
+            )
+            .await,
+            StatusCode::CREATED,
+        )
+        .await;
+        let res = app
+            .finalize(&s, t["turn_id"].as_str().unwrap(), &format!("a{i}"))
+            .await;
+        assert_eq!(res.status(), 200);
     }
 
     let h = app.history_ok(&s, "format=turns").await;
@@ -517,6 +529,16 @@ async fn max_turns_trims_the_oldest(backend: Backend) {
         .history_ok(&s, "format=turns&keep_first=true&limit=1")
         .await;
     assert_eq!(first["turns"][0]["seq"], 3);
+
+    // A trimmed turn frees its idempotency key; a kept one holds on to it.
+    let kept = app
+        .start_with_key("key-3", json!({"session_id": s, "user_query": "other"}))
+        .await;
+    problem(kept, 422, "idempotency_key_reused").await;
+    let freed = app
+        .start_with_key("key-1", json!({"session_id": s, "user_query": "other"}))
+        .await;
+    assert_eq!(freed.status(), 201);
 }
 
 async fn text_rendering_is_exact(backend: Backend) {

@@ -9,12 +9,12 @@
 --   6 idem       hash: idempotency key -> "turn_id seq request_hash"
 -- Times are milliseconds since the epoch, given by the caller.
 
-local function idem_key_of(json, finalized)
-  local ok, t = pcall(cjson.decode, json)
-  if not ok then return nil end
-  if finalized then t = t.p end
-  if type(t) == 'table' and type(t.k) == 'string' then return t.k end
-  return nil
+-- The idempotency key a pending or finalized record holds, or nil. Read
+-- from the text, not decoded: keys are identifiers (no quote, no
+-- backslash), and in JSON an unescaped `"k":"` can only be the record's
+-- own key, never text inside a string.
+local function idem_key_of(json)
+  return string.match(json, '"k":"([^"]+)"')
 end
 
 -- Frees an idempotency key, if it still names this turn.

@@ -6,12 +6,12 @@ if deadline then
   local rec = redis.call('HGET', KEYS[4], tid)
   redis.call('HDEL', KEYS[4], tid)
   redis.call('ZREM', KEYS[5], tid)
-  if rec then drop_key(idem_key_of(rec, false), tid) end
+  if rec then drop_key(idem_key_of(rec), tid) end
   if rec and tonumber(deadline) > now then return 'pending' end
 end
 local rec = redis.call('HGET', KEYS[2], tid)
 if rec then
-  drop_key(idem_key_of(rec, true), tid)
+  drop_key(idem_key_of(rec), tid)
   redis.call('HDEL', KEYS[2], tid)
   redis.call('ZREM', KEYS[3], tid)
   return 'finalized'

@@ -18,9 +18,13 @@ redis.call('ZREM', KEYS[5], tid)
 local excess = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[5])
 if excess > 0 then
   local old = redis.call('ZPOPMIN', KEYS[3], excess)
+  -- Only a session with idempotency keys needs the records read.
+  local keyed = redis.call('HLEN', KEYS[6]) > 0
   for i = 1, #old, 2 do
-    local r = redis.call('HGET', KEYS[2], old[i])
-    if r then drop_key(idem_key_of(r, true), old[i]) end
+    if keyed then
+      local r = redis.call('HGET', KEYS[2], old[i])
+      if r then drop_key(idem_key_of(r), old[i]) end
+    end
     redis.call('HDEL', KEYS[2], old[i])
   end
 end
