@@ -1,7 +1,8 @@
 //! Rendering and budgeting: 20, 200 and 1000 turns of realistic sizes (a
 //! 120-byte question, a 600-byte answer), in each format and both encodings.
 //! `o200k_base` is the default, so its counts come from the stored turns;
-//! `cl100k_base` has to tokenize on read. Run: `cargo bench --bench history`.
+//! `cl100k_base` has to tokenize on read. Also the counts a start and a
+//! finalize take of their new text. Run: `cargo bench --bench history`.
 
 use std::hint::black_box;
 
@@ -71,6 +72,23 @@ fn bench(c: &mut Criterion) {
         let newest_20 = &newest_first[..20.min(newest_first.len())];
         group.bench_with_input(BenchmarkId::new("default-20x4096", n), &opts, |b, opts| {
             b.iter(|| black_box(render(black_box(newest_20), first, opts)))
+        });
+    }
+    group.finish();
+
+    // What a start and a finalize pay to count their new text, against one
+    // plain tiktoken pass over it.
+    let mut group = c.benchmark_group("count");
+    for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+        let name = encoding.name();
+        group.bench_function(format!("{name}/question"), |b| {
+            b.iter(|| black_box(QueryTokens::count(encoding, black_box(QUESTION))))
+        });
+        group.bench_function(format!("{name}/answer"), |b| {
+            b.iter(|| black_box(AnswerTokens::count(encoding, black_box(ANSWER))))
+        });
+        group.bench_function(format!("{name}/one-pass-answer"), |b| {
+            b.iter(|| black_box(encoding.count(black_box(ANSWER))))
         });
     }
     group.finish();
