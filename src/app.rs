@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
@@ -66,7 +67,14 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(async move {
+        // Responses go out as soon as they are written, not held back by
+        // Nagle's algorithm waiting for the previous segment's ACK.
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "could not set TCP_NODELAY");
+            }
+        });
+        let server = axum::serve(listener, self.router).with_graceful_shutdown(async move {
             shutdown.await;
             let _ = stopping_tx.send(());
         });
