@@ -251,6 +251,67 @@ impl Redis {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
     }
+
+    /// `redis-cli monitor`, subscribed when this returns: each command the
+    /// server runs from then on is one line of [`Monitor::commands`].
+    pub fn monitor(&self) -> Monitor {
+        let mut child = self
+            .cli_command()
+            .arg("monitor")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        wait_until(
+            "redis-cli monitor subscribed",
+            Duration::from_secs(10),
+            || lines.lock().unwrap().first().is_some_and(|l| l == "OK"),
+            || format!("{:?}", lines.lock().unwrap()),
+        );
+        Monitor { child, lines }
+    }
+}
+
+/// A running `redis-cli monitor`.
+pub struct Monitor {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    /// The commands seen so far, as `(source, NAME)`: the source is `lua`
+    /// for a command a script ran, else the client's address.
+    pub fn commands(&self) -> Vec<(String, String)> {
+        // A line: 1700000000.123456 [0 unix:/tmp/x/redis.sock] "EVALSHA" "..." ...
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .skip(1)
+            .map(|line| {
+                let open = line.find('[').expect("a monitor line has a source");
+                let close = open + line[open..].find(']').unwrap();
+                let source = line[open + 1..close].split_once(' ').unwrap().1;
+                let name = line[close + 1..].trim_start().split('"').nth(1).unwrap();
+                (source.to_owned(), name.to_ascii_uppercase())
+            })
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A Redis Cluster of the test's own: masters on free ports, slots spread

@@ -454,6 +454,86 @@ async fn metrics_cover_requests_store_pool_turns_and_build() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_hot_path_operation_is_one_redis_command() {
+    // Arrange: every script already loaded and the layout checked, so what
+    // follows is the steady state; MONITOR sees each command Redis runs.
+    let redis = Redis::unix();
+    let ts = Turnstore::spawn(&[("TURNSTORE_REDIS_URL", redis.url())]);
+    let http = client();
+    let base = ts.base();
+    let question = |sid: &str, user: Option<&str>| {
+        let mut body = json!({"session_id": sid, "user_query": "q", "history": {"limit": 20}});
+        if let Some(user) = user {
+            body["user_id"] = json!(user);
+        }
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let started: Value = http
+                .post(format!("{base}/v1/turns"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let (sid, tid) = (
+                started["session_id"].as_str().unwrap(),
+                started["turn_id"].as_str().unwrap(),
+            );
+            let res = http
+                .post(format!("{base}/v1/sessions/{sid}/turns/{tid}/finalize"))
+                .json(&json!({"final_answer": "a"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+        }
+    };
+    let history = |sid: &str| {
+        let req = http.get(format!("{base}/v1/sessions/{sid}/history"));
+        async move { assert_eq!(req.send().await.unwrap().status(), 200) }
+    };
+    question("warm", None).await;
+    history("warm").await;
+    let monitor = redis.monitor();
+
+    // Act: a session's first question (its user claims it), a second one
+    // with the history, and a history read.
+    question("rt-1", Some("alice")).await;
+    question("rt-1", Some("alice")).await;
+    history("rt-1").await;
+
+    // Assert: one EVALSHA per operation; the only other commands are the
+    // user index write (one pipelined round trip) when the user claims the
+    // session.
+    let from_clients = || -> Vec<String> {
+        let cmds = monitor.commands();
+        cmds.into_iter()
+            .filter(|(src, _)| src != "lua")
+            .map(|(_, name)| name)
+            .collect()
+    };
+    let expected = [
+        "EVALSHA", "ZADD", "PEXPIRE", "EVALSHA", "EVALSHA", "EVALSHA", "EVALSHA",
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while from_clients().len() < expected.len() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // room for any extra
+    assert_eq!(from_clients(), expected, "{:?}", monitor.commands());
+    assert!(
+        monitor
+            .commands()
+            .iter()
+            .any(|(src, name)| src == "lua" && name == "HMGET"),
+        "the scripts' own commands are seen too: {:?}",
+        monitor.commands()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docs_page_is_served_with_its_assets() {
     // Arrange
     let ts = Turnstore::spawn(&[]);
