@@ -141,13 +141,12 @@ pub struct AnswerTokens {
 impl QueryTokens {
     pub fn count(encoding: Encoding, query: &str) -> Self {
         let query_count = encoding.count(query);
-        let line = user_line(query);
-        let head = line.strip_suffix('\n').unwrap_or(&line);
+        let head = format!("{USER}{query}");
         let head_count = count_with_prefix(encoding, USER, query, query_count);
         QueryTokens {
             encoding,
             query: query_count,
-            user_line: count_with_suffix(encoding, head, head_count, "\n"),
+            user_line: count_with_suffix(encoding, &head, head_count, "\n"),
         }
     }
 }

@@ -31,7 +31,7 @@ local function purge_pending(now)
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', KEYS[4], id)
     if rec then
-      drop_key(idem_key_of(rec, false), id)
+      drop_key(idem_key_of(rec), id)
       redis.call('HDEL', KEYS[4], id)
     end
   end
