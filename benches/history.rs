@@ -8,70 +8,80 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use turnstore::domain::TurnId;
-use turnstore::history::{AnswerTokens, Encoding, Format, Options, QueryTokens, render};
-use turnstore::turn::{Finalization, FinalizedTurn, PendingTurn};
+use turnstore::history::{Candidate, Content, Format, Options, messages, render_text, select};
+use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
 const QUESTION: &str = "How do I rotate the API keys of our staging cluster without downtime, and who needs to approve it first?";
 const ANSWER: &str = "Rotate keys in three steps. First, add the new key to TURNSTORE_API_KEYS next to the old one and roll the deployment, so every instance accepts both. Second, switch each client to the new key; watch the 401 rate in Prometheus while you do. Third, remove the old key and roll again. No request fails, because at every moment each instance accepts the key every client sends. Approval: the on-call SRE signs off on staging; production also needs the service owner. Keep the old key for a day in the secret store in case you must roll back, then delete it.";
 
-fn turns(n: u64) -> Vec<FinalizedTurn> {
+/// Stored turns as a store offers them, oldest first.
+fn turns(n: u64) -> Vec<Candidate> {
     let enc = Encoding::O200kBase;
     let q = QUESTION[..QUESTION.len().min(120)].to_string();
     (1..=n)
-        .rev()
-        .map(|seq| FinalizedTurn {
-            start: PendingTurn {
-                seq,
+        .map(|seq| {
+            let q = format!("{q} {seq}");
+            let costs = TurnCosts::new(
+                &q,
+                QueryTokens::count(enc, &q),
+                ANSWER,
+                AnswerTokens::count(enc, ANSWER),
+            );
+            Candidate {
                 turn_id: TurnId::generate(),
-                user_query: format!("{q} {seq}"),
+                seq,
                 started_at: 1,
-                idempotency_key: None,
-                tokens: QueryTokens::count(enc, &format!("{q} {seq}")),
-            },
-            end: Finalization {
-                final_answer: ANSWER.to_string(),
                 finalized_at: 2,
-                tokens: AnswerTokens::count(enc, ANSWER),
-            },
+                user_query: Content::whole(q),
+                final_answer: Content::whole(ANSWER),
+                costs,
+            }
         })
         .collect()
+}
+
+/// Selects and renders, as a read does once the store offers candidates.
+fn read(candidates: &[Candidate], opts: &Options) -> usize {
+    let s = select(candidates.iter().cloned(), opts);
+    match opts.format {
+        Format::Text | Format::Turns => render_text(&s.turns).len(),
+        Format::Messages => messages(s.turns).len(),
+    }
+}
+
+fn options(limit: usize, max_tokens: u32, format: Format, encoding: Encoding) -> Options {
+    Options {
+        limit,
+        max_tokens,
+        max_bytes: 4 * 1024 * 1024,
+        format,
+        encoding,
+        max_query_chars: None,
+        max_answer_chars: None,
+        keep_first: false,
+        after_seq: 0,
+        through_seq: u64::MAX,
+    }
 }
 
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("render");
     for n in [20u64, 200, 1000] {
-        let newest_first = turns(n);
-        let first = newest_first.last();
+        let all = turns(n);
         for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
             for format in [Format::Text, Format::Messages, Format::Turns] {
-                let opts = Options {
-                    limit: n as usize,
-                    max_tokens: 10_000_000,
-                    format,
-                    encoding,
-                    max_query_chars: None,
-                    max_answer_chars: None,
-                    keep_first: false,
-                };
+                let opts = options(n as usize, 10_000_000, format, encoding);
                 let id = BenchmarkId::new(format!("{}/{}", encoding.name(), format.name()), n);
                 group.bench_with_input(id, &opts, |b, opts| {
-                    b.iter(|| black_box(render(black_box(&newest_first), first, opts)))
+                    b.iter(|| black_box(read(black_box(&all), opts)))
                 });
             }
         }
         // The hot path of the service: the default budget over the newest 20.
-        let opts = Options {
-            limit: 20,
-            max_tokens: 4096,
-            format: Format::Text,
-            encoding: Encoding::O200kBase,
-            max_query_chars: None,
-            max_answer_chars: None,
-            keep_first: false,
-        };
-        let newest_20 = &newest_first[..20.min(newest_first.len())];
+        let opts = options(20, 4096, Format::Text, Encoding::O200kBase);
+        let newest_20 = &all[all.len().saturating_sub(20)..];
         group.bench_with_input(BenchmarkId::new("default-20x4096", n), &opts, |b, opts| {
-            b.iter(|| black_box(render(black_box(newest_20), first, opts)))
+            b.iter(|| black_box(read(black_box(newest_20), opts)))
         });
     }
     group.finish();

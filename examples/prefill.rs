@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use turnstore::Settings;
 use turnstore::domain::{SessionId, TurnId};
-use turnstore::history::{AnswerTokens, QueryTokens};
 use turnstore::metrics::Metrics;
 use turnstore::store::{StartTurn, Store};
+use turnstore::tokens::{AnswerTokens, QueryTokens};
 use turnstore::turn::{Finalization, NewPendingTurn, now_millis};
 
 pub const QUESTION: &str = include_str!("../bench/question.txt");
@@ -56,7 +56,8 @@ async fn main() {
                                     tokens: &q_tokens,
                                 },
                                 idempotency: None,
-                                window: None,
+                                history: None,
+                                new_session: false,
                                 now: now_millis(),
                             })
                             .await
@@ -67,7 +68,7 @@ async fn main() {
                             tokens: a_tokens,
                         };
                         store
-                            .finalize_turn(&session, started.turn.turn_id, &end)
+                            .finalize_turn(&session, started.turn_id, &end)
                             .await
                             .expect("finalize");
                     }

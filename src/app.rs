@@ -119,11 +119,12 @@ pub async fn build_store(
     Ok(Arc::new(store))
 }
 
-fn limits(settings: &Settings) -> Limits {
+pub fn limits(settings: &Settings) -> Limits {
     Limits {
         session_ttl: settings.session_ttl,
         pending_ttl: settings.pending_ttl,
         max_turns: settings.max_turns,
+        max_pending: settings.max_pending_turns,
     }
 }
 

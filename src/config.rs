@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::history::Encoding;
+use crate::tokens::Encoding;
 
 /// Everything `serve` needs. Field docs are the `--help` text.
 #[derive(Debug, Clone, Args)]
@@ -44,6 +44,16 @@ pub struct Settings {
     /// Finalized turns kept per session; the oldest go first.
     #[arg(long, env = "TURNSTORE_MAX_TURNS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_turns: u32,
+
+    /// Live pending turns per session: one more start is a 429
+    /// `too_many_pending_turns` (idempotent replays still answer).
+    #[arg(long, env = "TURNSTORE_MAX_PENDING_TURNS", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_pending_turns: u32,
+
+    /// Content bytes one history returns at most (questions, answers, as
+    /// rendered): the selection stops there, as at the token budget.
+    #[arg(long, env = "TURNSTORE_MAX_HISTORY_BYTES", default_value_t = 4 * 1024 * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_history_bytes: u64,
 
     /// Largest `user_query`, in UTF-8 bytes.
     #[arg(long, env = "TURNSTORE_MAX_QUERY_BYTES", default_value_t = 32 * 1024)]
@@ -137,6 +147,8 @@ impl Default for Settings {
             session_ttl: Duration::from_secs(7 * 24 * 3600),
             pending_ttl: Duration::from_secs(15 * 60),
             max_turns: 1000,
+            max_pending_turns: 64,
+            max_history_bytes: 4 * 1024 * 1024,
             max_query_bytes: 32 * 1024,
             max_answer_bytes: 128 * 1024,
             max_body_bytes: 1024 * 1024,

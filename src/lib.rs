@@ -6,8 +6,9 @@
 //!
 //! - `config`: every setting, as a flag and a `TURNSTORE_*` variable.
 //! - `domain`: validated identifiers and texts; requests become these at the edge.
-//! - `turn`: turns as stored (pending, finalized) and timestamps.
-//! - `history`: exact token counts, the budget rule and the renderings (pure).
+//! - `tokens`: the encodings and the exact counts taken when a turn is written.
+//! - `turn`: turns as the stores keep them (pending, finalized) and timestamps.
+//! - `history`: the budget rule and the renderings (pure).
 //! - `store`: the storage trait and its backends, `memory` and `redis`
 //!   (all Redis keys and Lua scripts live there).
 //! - `http`: routes, extractors, the problem+json error type, auth, metrics middleware.
@@ -23,6 +24,7 @@ pub mod history;
 pub mod http;
 pub mod metrics;
 pub mod store;
+pub mod tokens;
 pub mod turn;
 
 pub use app::Application;

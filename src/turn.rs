@@ -1,11 +1,10 @@
-//! Turns as the stores keep them. Field names are short on purpose: they are
-//! written once per turn into Redis, and Redis memory is paid per byte.
+//! Turns as the stores keep them, and timestamps. How a store lays them out
+//! (the Redis records) is the store's own business.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use serde::{Deserialize, Serialize};
 
 use crate::domain::TurnId;
-use crate::history::{AnswerTokens, QueryTokens};
+use crate::tokens::{AnswerTokens, QueryTokens, TurnCosts};
 
 /// Milliseconds since the Unix epoch, UTC.
 pub type Millis = i64;
@@ -22,40 +21,24 @@ pub fn rfc3339(ms: Millis) -> String {
 }
 
 /// A started turn. Until finalized it is not in the history.
-///
-/// Stored records leave out the turn id: it is the hash field they are
-/// stored under (records of layout 2 and older still carry it as `"id"`).
-/// Read them with [`PendingTurn::parse`] and [`FinalizedTurn::parse`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingTurn {
-    #[serde(rename = "s")]
     pub seq: u64,
-    #[serde(rename = "id", default = "TurnId::nil", skip_serializing)]
     pub turn_id: TurnId,
-    #[serde(rename = "q")]
     pub user_query: String,
-    #[serde(rename = "t")]
     pub started_at: Millis,
     /// So that removing the turn also frees its key.
-    #[serde(rename = "k", default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
-    #[serde(rename = "n")]
     pub tokens: QueryTokens,
 }
 
-/// A pending turn before the store gives it its `seq`: the Redis script
-/// splices `"s":<seq>,` in front of these fields.
-#[derive(Debug, Serialize)]
+/// A pending turn before the store gives it its `seq`.
+#[derive(Debug)]
 pub struct NewPendingTurn<'a> {
-    #[serde(skip)]
     pub turn_id: &'a TurnId,
-    #[serde(rename = "q")]
     pub user_query: &'a str,
-    #[serde(rename = "t")]
     pub started_at: Millis,
-    #[serde(rename = "k", skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<&'a str>,
-    #[serde(rename = "n")]
     pub tokens: &'a QueryTokens,
 }
 
@@ -73,23 +56,17 @@ impl NewPendingTurn<'_> {
 }
 
 /// What finalize adds to a pending turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finalization {
-    #[serde(rename = "a")]
     pub final_answer: String,
-    #[serde(rename = "t")]
     pub finalized_at: Millis,
-    #[serde(rename = "n")]
     pub tokens: AnswerTokens,
 }
 
-/// A complete turn: `{"p": pending, "f": finalization}`, so the Redis script
-/// can build it from the two JSON texts without parsing either.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A complete turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FinalizedTurn {
-    #[serde(rename = "p")]
     pub start: PendingTurn,
-    #[serde(rename = "f")]
     pub end: Finalization,
 }
 
@@ -98,91 +75,45 @@ impl FinalizedTurn {
         self.start.seq
     }
 
-    /// A stored record, and the id it is stored under.
-    pub fn parse(turn_id: TurnId, json: &str) -> serde_json::Result<Self> {
-        let mut turn: Self = serde_json::from_str(json)?;
-        turn.start.turn_id = turn_id;
-        Ok(turn)
+    pub fn costs(&self) -> TurnCosts {
+        TurnCosts::new(
+            &self.start.user_query,
+            self.start.tokens,
+            &self.end.final_answer,
+            self.end.tokens,
+        )
+    }
+
+    pub fn view(&self) -> TurnView {
+        TurnView {
+            turn_id: self.start.turn_id,
+            seq: self.start.seq,
+            user_query: self.start.user_query.clone(),
+            final_answer: self.end.final_answer.clone(),
+            started_at: self.start.started_at,
+            finalized_at: self.end.finalized_at,
+        }
     }
 }
 
-impl PendingTurn {
-    /// A stored record, and the id it is stored under.
-    pub fn parse(turn_id: TurnId, json: &str) -> serde_json::Result<Self> {
-        let mut turn: Self = serde_json::from_str(json)?;
-        turn.turn_id = turn_id;
-        Ok(turn)
-    }
+/// A finalized turn as an answer shows it: without its counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnView {
+    pub turn_id: TurnId,
+    pub seq: u64,
+    pub user_query: String,
+    pub final_answer: String,
+    pub started_at: Millis,
+    pub finalized_at: Millis,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::Encoding;
 
     #[test]
     fn timestamps_are_rfc3339_utc_millis() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(1_795_000_000_123), "2026-11-18T11:06:40.123Z");
-    }
-
-    #[test]
-    fn spliced_pending_json_parses_as_pending_turn() {
-        let id = TurnId::generate();
-        let tokens = QueryTokens::count(Encoding::O200kBase, "hi");
-        let new = NewPendingTurn {
-            turn_id: &id,
-            user_query: "hi",
-            started_at: 5,
-            idempotency_key: None,
-            tokens: &tokens,
-        };
-        let json = serde_json::to_string(&new).unwrap();
-        let spliced = format!("{{\"s\":7,{}", &json[1..]);
-        let parsed = PendingTurn::parse(id, &spliced).unwrap();
-        assert_eq!(parsed, new.with_seq(7));
-    }
-
-    #[test]
-    fn records_leave_out_the_id_and_the_default_encoding() {
-        let id = TurnId::generate();
-        let turn = FinalizedTurn {
-            start: PendingTurn {
-                seq: 3,
-                turn_id: id,
-                user_query: "hi".into(),
-                started_at: 5,
-                idempotency_key: None,
-                tokens: QueryTokens::count(Encoding::O200kBase, "hi"),
-            },
-            end: Finalization {
-                final_answer: "yo".into(),
-                finalized_at: 6,
-                tokens: AnswerTokens::count(Encoding::O200kBase, "yo"),
-            },
-        };
-        let json = serde_json::to_string(&turn).unwrap();
-        assert_eq!(
-            json,
-            r#"{"p":{"s":3,"q":"hi","t":5,"n":{"q":1,"u":4}},"f":{"a":"yo","t":6,"n":{"a":1,"s":4,"l":3}}}"#
-        );
-        assert_eq!(FinalizedTurn::parse(id, &json).unwrap(), turn);
-
-        let mut cl100k = turn.clone();
-        cl100k.start.tokens.encoding = Encoding::Cl100kBase;
-        let json = serde_json::to_string(&cl100k).unwrap();
-        assert!(json.contains(r#""n":{"e":"cl100k_base","q":1"#), "{json}");
-        assert_eq!(FinalizedTurn::parse(id, &json).unwrap(), cl100k);
-    }
-
-    #[test]
-    fn layout_2_records_still_parse() {
-        let id = TurnId::generate();
-        let json = format!(
-            r#"{{"p":{{"s":3,"id":"{id}","q":"hi","t":5,"n":{{"e":"o200k_base","q":1,"u":4}}}},"f":{{"a":"yo","t":6,"n":{{"e":"o200k_base","a":1,"s":4,"l":3}}}}}}"#
-        );
-        let turn = FinalizedTurn::parse(id, &json).unwrap();
-        assert_eq!((turn.start.turn_id, turn.seq()), (id, 3));
-        assert_eq!(turn.end.tokens.encoding, Encoding::O200kBase);
     }
 }

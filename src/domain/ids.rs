@@ -79,8 +79,7 @@ impl SessionId {
 }
 
 /// A turn, made by the server: UUID v7, so ids sort by creation time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TurnId(Uuid);
 
 impl TurnId {
@@ -88,9 +87,8 @@ impl TurnId {
         Self(Uuid::now_v7())
     }
 
-    /// The all-zero id: no turn has it.
-    pub fn nil() -> Self {
-        Self(Uuid::nil())
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(Uuid::from_bytes(bytes))
     }
 
     pub fn parse(s: &str) -> Result<Self, &'static str> {

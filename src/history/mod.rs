@@ -1,8 +1,11 @@
-//! History for prompts: exact token counts, the budget rule and the three
-//! renderings. Pure functions, no I/O.
+//! History for prompts: the budget rule and the renderings. Pure functions,
+//! no I/O; the exact counts they sum live in `tokens`.
 
 mod render;
-mod tokens;
+mod select;
 
-pub use render::{Format, IncludedTurn, Message, Options, Rendered, RenderedBody, render};
-pub use tokens::{AnswerTokens, Encoding, QueryTokens};
+pub use render::{Message, messages, render_text};
+pub use select::{
+    BudgetState, Candidate, Content, Cost, Format, MESSAGE_OVERHEAD, Options, SelectedTurn,
+    Selection, Selector, StoppedBy, TRUNCATION_MARK, needed_bytes, select,
+};

@@ -1,287 +1,15 @@
-//! The budget rule and the three renderings of API.md.
+//! The renderings of API.md, of a selection already budgeted.
 
-use std::borrow::Cow;
-
-use super::tokens::{HEADER, assistant_line, user_line};
-use super::{AnswerTokens, Encoding, QueryTokens};
-use crate::turn::FinalizedTurn;
-
-/// Per-message overhead of the `messages` rendering, in tokens.
-pub const MESSAGE_OVERHEAD: u32 = 4;
-pub const TRUNCATION_MARK: &str = " [truncated]";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Text,
-    Messages,
-    Turns,
-}
-
-impl Format {
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Text => "text",
-            Format::Messages => "messages",
-            Format::Turns => "turns",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        [Format::Text, Format::Messages, Format::Turns]
-            .into_iter()
-            .find(|f| f.name() == name)
-    }
-}
-
-/// What one rendering asks for; every field already validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Options {
-    pub limit: usize,
-    pub max_tokens: u32,
-    pub format: Format,
-    pub encoding: Encoding,
-    pub max_query_chars: Option<usize>,
-    pub max_answer_chars: Option<usize>,
-    pub keep_first: bool,
-}
-
-/// A turn as it goes into the prompt: its contents may be truncated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IncludedTurn<'a> {
-    pub turn: &'a FinalizedTurn,
-    pub user_query: Cow<'a, str>,
-    pub final_answer: Cow<'a, str>,
-    pub truncated: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message<'a> {
-    pub role: &'static str,
-    pub content: Cow<'a, str>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RenderedBody<'a> {
-    Text(String),
-    Messages(Vec<Message<'a>>),
-    Turns(Vec<IncludedTurn<'a>>),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rendered<'a> {
-    /// Exact count of what is returned, under `Options::encoding`.
-    pub token_count: u32,
-    pub included_turns: usize,
-    pub body: RenderedBody<'a>,
-}
-
-/// Keeps the first `max_chars` Unicode scalar values and marks the cut.
-fn truncate(text: &str, max_chars: Option<usize>) -> (Cow<'_, str>, bool) {
-    let Some(max) = max_chars else {
-        return (Cow::Borrowed(text), false);
-    };
-    match text.char_indices().nth(max) {
-        None => (Cow::Borrowed(text), false),
-        Some((cut, _)) => {
-            let mut s = String::with_capacity(cut + TRUNCATION_MARK.len());
-            s.push_str(&text[..cut]);
-            s.push_str(TRUNCATION_MARK);
-            (Cow::Owned(s), true)
-        }
-    }
-}
-
-/// A candidate with what it costs in each position.
-struct Candidate<'a> {
-    turn: IncludedTurn<'a>,
-    /// Followed by another block (`text`), or its two messages (`messages`).
-    cost_inner: u32,
-    /// As the newest block (`text`); same as `cost_inner` for `messages`.
-    cost_newest: u32,
-}
-
-impl<'a> Candidate<'a> {
-    fn new(turn: &'a FinalizedTurn, opts: &Options) -> Self {
-        let (user_query, query_cut) = truncate(&turn.start.user_query, opts.max_query_chars);
-        let (final_answer, answer_cut) = truncate(&turn.end.final_answer, opts.max_answer_chars);
-        let enc = opts.encoding;
-        // Stored counts hold for untouched text under the same encoding;
-        // anything else is counted now.
-        let q = match turn.start.tokens {
-            t if t.encoding == enc && !query_cut => t,
-            _ => QueryTokens::count(enc, &user_query),
-        };
-        let a = match turn.end.tokens {
-            t if t.encoding == enc && !answer_cut => t,
-            _ => AnswerTokens::count(enc, &final_answer),
-        };
-        let (cost_inner, cost_newest) = match opts.format {
-            Format::Text | Format::Turns => (
-                q.user_line + a.assistant_sep,
-                q.user_line + a.assistant_last,
-            ),
-            Format::Messages => {
-                let both = q.query + a.answer + 2 * MESSAGE_OVERHEAD;
-                (both, both)
-            }
-        };
-        Candidate {
-            turn: IncludedTurn {
-                turn,
-                user_query,
-                final_answer,
-                truncated: query_cut || answer_cut,
-            },
-            cost_inner,
-            cost_newest,
-        }
-    }
-}
-
-/// Running cost of a selection: every chosen turn at its inner cost, except
-/// the newest at its newest cost, plus the header for `text`/`turns`.
-struct Budget {
-    base: u32,
-    inner_sum: u64,
-    newest: Option<(u64, u32, u32)>, // (seq, cost_inner, cost_newest)
-    max: u32,
-}
-
-impl Budget {
-    fn total_with(&self, c: &Candidate<'_>) -> u64 {
-        let seq = c.turn.turn.seq();
-        let inner_sum = self.inner_sum + u64::from(c.cost_inner);
-        let newest = match self.newest {
-            Some(n) if n.0 > seq => n,
-            _ => (seq, c.cost_inner, c.cost_newest),
-        };
-        u64::from(self.base) + inner_sum - u64::from(newest.1) + u64::from(newest.2)
-    }
-
-    /// Adds `c` if the whole still fits.
-    fn try_add(&mut self, c: &Candidate<'_>) -> bool {
-        if self.total_with(c) > u64::from(self.max) {
-            return false;
-        }
-        self.inner_sum += u64::from(c.cost_inner);
-        let seq = c.turn.turn.seq();
-        if self.newest.is_none_or(|n| n.0 < seq) {
-            self.newest = Some((seq, c.cost_inner, c.cost_newest));
-        }
-        true
-    }
-
-    fn total(&self) -> u32 {
-        match self.newest {
-            None => 0,
-            Some((_, inner, newest)) => {
-                let t =
-                    u64::from(self.base) + self.inner_sum - u64::from(inner) + u64::from(newest);
-                u32::try_from(t).unwrap_or(u32::MAX)
-            }
-        }
-    }
-}
-
-/// Selects and renders. `newest_first` holds the most recent finalized turns
-/// (at least `opts.limit` of them when the session has that many), newest
-/// first; `first` is the session's oldest kept turn, needed for `keep_first`.
-///
-/// Turns are taken newest first and kept whole; the first that does not fit
-/// stops the selection. With `keep_first`, the first turn is reserved before
-/// the others and is the only turn allowed to stand apart from the run.
-pub fn render<'a>(
-    newest_first: &'a [FinalizedTurn],
-    first: Option<&'a FinalizedTurn>,
-    opts: &Options,
-) -> Rendered<'a> {
-    let base = match opts.format {
-        Format::Text | Format::Turns => opts.encoding.header_count(),
-        Format::Messages => 0,
-    };
-    let mut budget = Budget {
-        base,
-        inner_sum: 0,
-        newest: None,
-        max: opts.max_tokens,
-    };
-    let mut chosen: Vec<Candidate<'a>> = Vec::new();
-    let mut room = opts.limit;
-
-    let first = first.filter(|_| opts.keep_first && room > 0);
-    if let Some(f) = first {
-        let c = Candidate::new(f, opts);
-        if !budget.try_add(&c) {
-            return empty(opts.format);
-        }
-        chosen.push(c);
-        room -= 1;
-    }
-    let first_seq = first.map(FinalizedTurn::seq);
-    for turn in newest_first {
-        if room == 0 {
-            break;
-        }
-        if Some(turn.seq()) == first_seq {
-            continue; // already reserved
-        }
-        let c = Candidate::new(turn, opts);
-        if !budget.try_add(&c) {
-            break;
-        }
-        chosen.push(c);
-        room -= 1;
-    }
-    if chosen.is_empty() {
-        return empty(opts.format);
-    }
-    chosen.sort_by_key(|c| c.turn.turn.seq());
-    let token_count = budget.total();
-    let included_turns = chosen.len();
-    let turns = chosen.into_iter().map(|c| c.turn);
-    let body = match opts.format {
-        Format::Text => RenderedBody::Text(render_text(turns)),
-        Format::Turns => RenderedBody::Turns(turns.collect()),
-        Format::Messages => RenderedBody::Messages(
-            turns
-                .flat_map(|t| {
-                    [
-                        Message {
-                            role: "user",
-                            content: t.user_query,
-                        },
-                        Message {
-                            role: "assistant",
-                            content: t.final_answer,
-                        },
-                    ]
-                })
-                .collect(),
-        ),
-    };
-    Rendered {
-        token_count,
-        included_turns,
-        body,
-    }
-}
-
-fn empty<'a>(format: Format) -> Rendered<'a> {
-    let body = match format {
-        Format::Text => RenderedBody::Text(String::new()),
-        Format::Messages => RenderedBody::Messages(Vec::new()),
-        Format::Turns => RenderedBody::Turns(Vec::new()),
-    };
-    Rendered {
-        token_count: 0,
-        included_turns: 0,
-        body,
-    }
-}
+use super::select::SelectedTurn;
+use crate::tokens::{HEADER, assistant_line, user_line};
 
 /// The `text` rendering of turns in order; "" when there are none.
-pub fn render_text<'a>(turns: impl IntoIterator<Item = IncludedTurn<'a>>) -> String {
-    let mut out = String::new();
+pub fn render_text(turns: &[SelectedTurn]) -> String {
+    let size: usize = turns
+        .iter()
+        .map(|t| t.user_query.len() + t.final_answer.len() + 21)
+        .sum();
+    let mut out = String::with_capacity(HEADER.len() + size);
     for t in turns {
         if out.is_empty() {
             out.push_str(HEADER);
@@ -294,30 +22,58 @@ pub fn render_text<'a>(turns: impl IntoIterator<Item = IncludedTurn<'a>>) -> Str
     out
 }
 
+/// One message of the `messages` rendering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// The `messages` rendering: a user and an assistant message per turn.
+pub fn messages(turns: Vec<SelectedTurn>) -> Vec<Message> {
+    turns
+        .into_iter()
+        .flat_map(|t| {
+            [
+                Message {
+                    role: "user",
+                    content: t.user_query,
+                },
+                Message {
+                    role: "assistant",
+                    content: t.final_answer,
+                },
+            ]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
     use crate::domain::TurnId;
-    use crate::turn::{Finalization, PendingTurn};
+    use crate::history::select::{
+        Candidate, Content, Format, MESSAGE_OVERHEAD, Options, Selection, StoppedBy, select,
+    };
+    use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
-    fn turn(seq: u64, q: &str, a: &str) -> FinalizedTurn {
+    fn turn(seq: u64, q: &str, a: &str) -> Candidate {
         let enc = Encoding::O200kBase;
-        FinalizedTurn {
-            start: PendingTurn {
-                seq,
-                turn_id: TurnId::generate(),
-                user_query: q.into(),
-                started_at: 1,
-                idempotency_key: None,
-                tokens: QueryTokens::count(enc, q),
-            },
-            end: Finalization {
-                final_answer: a.into(),
-                finalized_at: 2,
-                tokens: AnswerTokens::count(enc, a),
-            },
+        Candidate {
+            turn_id: TurnId::generate(),
+            seq,
+            started_at: 1,
+            finalized_at: 2,
+            user_query: Content::whole(q),
+            final_answer: Content::whole(a),
+            costs: TurnCosts::new(
+                q,
+                QueryTokens::count(enc, q),
+                a,
+                AnswerTokens::count(enc, a),
+            ),
         }
     }
 
@@ -325,30 +81,31 @@ mod tests {
         Options {
             limit: 20,
             max_tokens,
+            max_bytes: u64::MAX,
             format,
             encoding: Encoding::O200kBase,
             max_query_chars: None,
             max_answer_chars: None,
             keep_first: false,
+            after_seq: 0,
+            through_seq: u64::MAX,
         }
     }
 
-    fn newest_first(turns: &[FinalizedTurn]) -> Vec<FinalizedTurn> {
-        turns.iter().rev().cloned().collect()
+    /// As a store reads them: every candidate truncated as the read needs.
+    fn pick(turns: &[Candidate], o: &Options) -> Selection {
+        let read = turns.iter().map(|t| Candidate {
+            user_query: Content::for_read(&t.user_query.text, o.max_query_chars),
+            final_answer: Content::for_read(&t.final_answer.text, o.max_answer_chars),
+            ..t.clone()
+        });
+        select(read, o)
     }
 
-    fn text(r: &Rendered<'_>) -> String {
-        match &r.body {
-            RenderedBody::Text(s) => s.clone(),
-            other => panic!("not text: {other:?}"),
-        }
-    }
-
-    fn fresh_count(r: &Rendered<'_>, enc: Encoding) -> u32 {
-        match &r.body {
-            RenderedBody::Text(s) => enc.count(s),
-            RenderedBody::Turns(ts) => enc.count(&render_text(ts.iter().cloned())),
-            RenderedBody::Messages(ms) => ms
+    fn fresh_count(s: &Selection, format: Format, enc: Encoding) -> u32 {
+        match format {
+            Format::Text | Format::Turns => enc.count(&render_text(&s.turns)),
+            Format::Messages => messages(s.turns.clone())
                 .iter()
                 .map(|m| enc.count(&m.content) + MESSAGE_OVERHEAD)
                 .sum(),
@@ -358,21 +115,21 @@ mod tests {
     #[test]
     fn text_renders_exactly_as_the_contract() {
         let turns = [turn(1, "q1", "a1"), turn(2, "q2", "a2")];
-        let nf = newest_first(&turns);
-        let r = render(&nf, None, &opts(Format::Text, 4096));
+        let s = pick(&turns, &opts(Format::Text, 4096));
+        let text = render_text(&s.turns);
         assert_eq!(
-            text(&r),
+            text,
             "### Conversation history:\nUser: q1\nAssistant: a1\n\nUser: q2\nAssistant: a2"
         );
-        assert_eq!(r.token_count, Encoding::O200kBase.count(&text(&r)));
-        assert_eq!(r.included_turns, 2);
+        assert_eq!(s.token_count, Encoding::O200kBase.count(&text));
+        assert_eq!(s.stopped_by, None);
     }
 
     #[test]
     fn empty_history_renders_empty_string_and_zero_tokens() {
-        let r = render(&[], None, &opts(Format::Text, 4096));
-        assert_eq!(text(&r), "");
-        assert_eq!(r.token_count, 0);
+        let s = pick(&[], &opts(Format::Text, 4096));
+        assert_eq!(render_text(&s.turns), "");
+        assert_eq!((s.token_count, s.stopped_by), (0, None));
     }
 
     #[test]
@@ -383,13 +140,14 @@ mod tests {
             turn(2, "q", &big),
             turn(3, "q3", "a3"),
         ];
-        let nf = newest_first(&turns);
-        let r = render(&nf, None, &opts(Format::Text, 60));
+        let s = pick(&turns, &opts(Format::Text, 60));
         assert_eq!(
-            r.included_turns, 1,
+            s.turns.len(),
+            1,
             "turn 1 fits but must not skip over turn 2"
         );
-        assert!(text(&r).contains("q3") && !text(&r).contains("tiny"));
+        assert_eq!(s.turns[0].seq, 3);
+        assert_eq!(s.stopped_by, Some(StoppedBy::MaxTokens));
     }
 
     #[test]
@@ -401,44 +159,72 @@ mod tests {
             turn(3, "q3", "a3"),
             turn(4, "q4", "a4"),
         ];
-        let nf = newest_first(&turns);
         let mut o = opts(Format::Text, 60);
         o.keep_first = true;
-        let r = render(&nf, turns.first(), &o);
-        let t = text(&r);
-        assert_eq!(r.included_turns, 3);
+        let s = pick(&turns, &o);
+        let t = render_text(&s.turns);
+        assert_eq!(s.turns.len(), 3);
         assert!(
             t.starts_with("### Conversation history:\nUser: goal\n"),
             "{t}"
         );
         assert!(t.ends_with("User: q3\nAssistant: a3\n\nUser: q4\nAssistant: a4"));
-        assert_eq!(r.token_count, Encoding::O200kBase.count(&t));
+        assert_eq!(s.token_count, Encoding::O200kBase.count(&t));
     }
 
     #[test]
     fn keep_first_with_no_room_for_the_first_turn_keeps_nothing() {
         let big = "word ".repeat(200);
         let turns = [turn(1, "goal", &big), turn(2, "q2", "a2")];
-        let nf = newest_first(&turns);
         let mut o = opts(Format::Text, 60);
         o.keep_first = true;
-        let r = render(&nf, turns.first(), &o);
-        assert_eq!(r.included_turns, 0);
-        assert_eq!(r.token_count, 0);
+        let s = pick(&turns, &o);
+        assert!(s.turns.is_empty());
+        assert_eq!(
+            (s.token_count, s.stopped_by),
+            (0, Some(StoppedBy::MaxTokens))
+        );
     }
 
     #[test]
     fn limit_counts_the_kept_first_turn() {
         let turns: Vec<_> = (1..=5).map(|i| turn(i, "q", "a")).collect();
-        let nf = newest_first(&turns);
         let mut o = opts(Format::Turns, 4096);
         o.keep_first = true;
         o.limit = 2;
-        let r = render(&nf, turns.first(), &o);
-        let RenderedBody::Turns(ts) = &r.body else {
-            panic!()
-        };
-        assert_eq!(ts.iter().map(|t| t.turn.seq()).collect::<Vec<_>>(), [1, 5]);
+        let s = pick(&turns, &o);
+        assert_eq!(s.turns.iter().map(|t| t.seq).collect::<Vec<_>>(), [1, 5]);
+        assert_eq!(s.stopped_by, Some(StoppedBy::Limit));
+    }
+
+    #[test]
+    fn the_byte_cap_stops_like_the_token_budget() {
+        let turns = [
+            turn(1, "q1", "a1"),
+            turn(2, "q2", "aa2"),
+            turn(3, "q3", "a3"),
+        ];
+        let mut o = opts(Format::Text, 4096);
+        o.max_bytes = 8;
+        let s = pick(&turns, &o);
+        assert_eq!(s.turns.iter().map(|t| t.seq).collect::<Vec<_>>(), [3]);
+        assert_eq!((s.bytes, s.stopped_by), (4, Some(StoppedBy::MaxBytes)));
+        o.max_bytes = 4 + 5 + 4;
+        let s = pick(&turns, &o);
+        assert_eq!((s.turns.len(), s.bytes, s.stopped_by), (3, 13, None));
+    }
+
+    #[test]
+    fn limit_is_named_first_when_bounds_stop_at_the_same_turn() {
+        let turns = [turn(1, "q1", "a1"), turn(2, "q2", "a2")];
+        let mut o = opts(Format::Text, 0);
+        o.limit = 0;
+        o.max_bytes = 0;
+        assert_eq!(pick(&turns, &o).stopped_by, Some(StoppedBy::Limit));
+        o.limit = 1;
+        assert_eq!(pick(&turns, &o).stopped_by, Some(StoppedBy::MaxTokens));
+        o.max_tokens = 4096;
+        assert_eq!(pick(&turns, &o).stopped_by, Some(StoppedBy::MaxBytes));
     }
 
     #[test]
@@ -447,14 +233,18 @@ mod tests {
         let mut o = opts(Format::Turns, 4096);
         o.max_answer_chars = Some(9);
         o.max_query_chars = Some(50);
-        let r = render(&turns, None, &o);
-        let RenderedBody::Turns(ts) = &r.body else {
-            panic!()
-        };
-        assert_eq!(ts[0].final_answer, "ünïcode ✓ [truncated]");
-        assert_eq!(ts[0].user_query, "héllo wörld");
-        assert!(ts[0].truncated);
-        assert_eq!(r.token_count, fresh_count(&r, Encoding::O200kBase));
+        let s = pick(&turns, &o);
+        assert_eq!(s.turns[0].final_answer, "ünïcode ✓ [truncated]");
+        assert_eq!(s.turns[0].user_query, "héllo wörld");
+        assert!(s.turns[0].truncated);
+        assert_eq!(
+            s.token_count,
+            fresh_count(&s, Format::Turns, Encoding::O200kBase)
+        );
+        assert_eq!(
+            s.bytes,
+            ("héllo wörld".len() + "ünïcode ✓ [truncated]".len()) as u64
+        );
     }
 
     #[test]
@@ -463,25 +253,33 @@ mod tests {
             turn(1, "What is Rust?", "A language."),
             turn(2, "And Redis?", "A store."),
         ];
-        let nf = newest_first(&turns);
-        let r = render(&nf, None, &opts(Format::Messages, 4096));
-        let RenderedBody::Messages(ms) = &r.body else {
-            panic!()
-        };
+        let s = pick(&turns, &opts(Format::Messages, 4096));
+        let ms = messages(s.turns.clone());
         assert_eq!(ms.len(), 4);
-        assert_eq!((ms[0].role, &*ms[0].content), ("user", "What is Rust?"));
-        assert_eq!((ms[3].role, &*ms[3].content), ("assistant", "A store."));
-        assert_eq!(r.token_count, fresh_count(&r, Encoding::O200kBase));
+        assert_eq!(
+            (ms[0].role, ms[0].content.as_str()),
+            ("user", "What is Rust?")
+        );
+        assert_eq!(
+            (ms[3].role, ms[3].content.as_str()),
+            ("assistant", "A store.")
+        );
+        assert_eq!(
+            s.token_count,
+            fresh_count(&s, Format::Messages, Encoding::O200kBase)
+        );
     }
 
     #[test]
     fn other_encodings_are_counted_fresh() {
         let turns = [turn(1, "q1!\n", "a1.  "), turn(2, "q2", "a2?\n\n")];
-        let nf = newest_first(&turns);
         let mut o = opts(Format::Text, 4096);
         o.encoding = Encoding::Cl100kBase;
-        let r = render(&nf, None, &o);
-        assert_eq!(r.token_count, Encoding::Cl100kBase.count(&text(&r)));
+        let s = pick(&turns, &o);
+        assert_eq!(
+            s.token_count,
+            Encoding::Cl100kBase.count(&render_text(&s.turns))
+        );
     }
 
     fn content() -> impl Strategy<Value = String> {
@@ -519,6 +317,7 @@ mod tests {
         fn token_count_is_exact_and_within_budget(
             pairs in proptest::collection::vec((content(), content()), 0..8),
             max_tokens in 0u32..200,
+            max_bytes in 0u64..300,
             format in format(),
             cl100k in any::<bool>(),
             keep_first in any::<bool>(),
@@ -528,13 +327,17 @@ mod tests {
         ) {
             let turns: Vec<_> = pairs.iter().enumerate()
                 .map(|(i, (q, a))| turn(i as u64 + 1, q, a)).collect();
-            let nf = newest_first(&turns);
             let encoding = if cl100k { Encoding::Cl100kBase } else { Encoding::O200kBase };
-            let o = Options { limit, max_tokens, format, encoding, max_query_chars, max_answer_chars, keep_first };
-            let r = render(&nf, turns.first(), &o);
-            prop_assert!(r.token_count <= max_tokens);
-            prop_assert_eq!(r.token_count, fresh_count(&r, encoding));
-            prop_assert!(r.included_turns <= limit);
+            let o = Options { limit, max_tokens, max_bytes, format, encoding, max_query_chars,
+                              max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX };
+            let s = pick(&turns, &o);
+            prop_assert!(s.token_count <= max_tokens);
+            prop_assert!(s.bytes <= max_bytes);
+            prop_assert_eq!(s.token_count, fresh_count(&s, format, encoding));
+            let bytes: usize = s.turns.iter().map(|t| t.user_query.len() + t.final_answer.len()).sum();
+            prop_assert_eq!(s.bytes, bytes as u64);
+            prop_assert!(s.turns.len() <= limit);
+            prop_assert_eq!(s.stopped_by.is_none(), s.turns.len() == turns.len());
         }
 
         #[test]
@@ -544,10 +347,8 @@ mod tests {
         ) {
             let turns: Vec<_> = pairs.iter().enumerate()
                 .map(|(i, (q, a))| turn(i as u64 + 1, q, a)).collect();
-            let nf = newest_first(&turns);
-            let r = render(&nf, None, &opts(Format::Turns, max_tokens));
-            let RenderedBody::Turns(ts) = &r.body else { panic!() };
-            let seqs: Vec<u64> = ts.iter().map(|t| t.turn.seq()).collect();
+            let s = pick(&turns, &opts(Format::Turns, max_tokens));
+            let seqs: Vec<u64> = s.turns.iter().map(|t| t.seq).collect();
             let n = turns.len() as u64;
             let expected: Vec<u64> = (n + 1 - seqs.len() as u64..=n).collect();
             prop_assert_eq!(seqs, expected);

@@ -38,6 +38,8 @@ pub enum ApiError {
     TurnAlreadyFinalized,
     /// 422 `idempotency_key_reused`
     IdempotencyKeyReused,
+    /// 429 `too_many_pending_turns`, with `Retry-After`.
+    TooManyPendingTurns { retry_after: std::time::Duration },
     /// 503 `store_unavailable`
     StoreUnavailable,
     /// 500 `internal`
@@ -64,7 +66,8 @@ pub struct Problem {
     /// Stable, machine-readable: `validation_failed`, `payload_too_large`,
     /// `unauthorized`, `session_not_found`, `turn_not_found`,
     /// `turn_already_finalized`, `session_owner_mismatch`,
-    /// `idempotency_key_reused`, `store_unavailable`, `internal`,
+    /// `idempotency_key_reused`, `too_many_pending_turns`,
+    /// `store_unavailable`, `internal`,
     /// `not_found`, `method_not_allowed`, `request_timeout`, `overloaded`.
     pub code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -133,6 +136,12 @@ impl ApiError {
                 "Idempotency key reused",
                 "this Idempotency-Key was used with a different request body".into(),
             ),
+            TooManyPendingTurns { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_pending_turns",
+                "Too many pending turns",
+                "the session holds as many started, unfinished turns as allowed; finalize or abort one, or retry after Retry-After seconds; nothing was written".into(),
+            ),
             StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store_unavailable",
@@ -176,6 +185,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code, title, detail) = self.parts();
+        let retry_after = match &self {
+            ApiError::TooManyPendingTurns { retry_after } => {
+                Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
+            }
+            _ => None,
+        };
         let problem = Problem {
             kind: format!("urn:turnstore:problem:{code}"),
             title,
@@ -193,6 +208,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(secs) = retry_after {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         res
     }
 }
@@ -203,6 +222,9 @@ impl From<StoreError> for ApiError {
             StoreError::OwnerMismatch => ApiError::SessionOwnerMismatch,
             StoreError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
             StoreError::TurnNotFound => ApiError::TurnNotFound,
+            StoreError::TooManyPendingTurns { retry_after } => {
+                ApiError::TooManyPendingTurns { retry_after }
+            }
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "store unavailable");
                 ApiError::StoreUnavailable

@@ -6,9 +6,10 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::extract::Check;
 use crate::config::Settings;
-use crate::history::{self, Encoding, Format, IncludedTurn, Options, RenderedBody};
-use crate::store::{StoredHistory, Window};
-use crate::turn::{FinalizedTurn, rfc3339};
+use crate::history::{self, Format, Options, SelectedTurn, StoppedBy};
+use crate::store::StoredHistory;
+use crate::tokens::Encoding;
+use crate::turn::{TurnView, rfc3339};
 
 pub const MAX_LIMIT: u32 = 10_000;
 pub const MAX_TOKENS: u32 = 10_000_000;
@@ -27,6 +28,35 @@ impl From<HistoryFormat> for Format {
             HistoryFormat::Text => Format::Text,
             HistoryFormat::Messages => Format::Messages,
             HistoryFormat::Turns => Format::Turns,
+        }
+    }
+}
+
+impl From<Format> for HistoryFormat {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Text => HistoryFormat::Text,
+            Format::Messages => HistoryFormat::Messages,
+            Format::Turns => HistoryFormat::Turns,
+        }
+    }
+}
+
+/// Why the history holds fewer turns than the candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    Limit,
+    MaxTokens,
+    MaxBytes,
+}
+
+impl From<StoppedBy> for StopReason {
+    fn from(s: StoppedBy) -> Self {
+        match s {
+            StoppedBy::Limit => StopReason::Limit,
+            StoppedBy::MaxTokens => StopReason::MaxTokens,
+            StoppedBy::MaxBytes => StopReason::MaxBytes,
         }
     }
 }
@@ -61,8 +91,13 @@ pub struct HistoryParams {
     #[param(minimum = 1)]
     #[schema(minimum = 1)]
     pub max_answer_chars: Option<u32>,
-    /// Always keep the session's first turn when anything is kept.
+    /// Always keep the first candidate turn (the session's first, unless
+    /// `after_seq` excludes it) when anything is kept.
     pub keep_first: Option<bool>,
+    /// Only turns with `seq` above this are candidates (range reads).
+    pub after_seq: Option<u64>,
+    /// Only turns with `seq` up to this are candidates (range reads).
+    pub through_seq: Option<u64>,
 }
 
 impl HistoryParams {
@@ -95,19 +130,15 @@ impl HistoryParams {
         Options {
             limit: limit.min(MAX_LIMIT) as usize,
             max_tokens,
+            max_bytes: settings.max_history_bytes,
             format: self.format.unwrap_or(HistoryFormat::Text).into(),
             encoding,
             max_query_chars: self.max_query_chars.map(|n| n as usize),
             max_answer_chars: self.max_answer_chars.map(|n| n as usize),
             keep_first: self.keep_first.unwrap_or(false),
+            after_seq: self.after_seq.unwrap_or(0),
+            through_seq: self.through_seq.unwrap_or(u64::MAX),
         }
-    }
-}
-
-pub fn window(opts: &Options) -> Window {
-    Window {
-        limit: opts.limit,
-        keep_first: opts.keep_first,
     }
 }
 
@@ -135,24 +166,29 @@ pub struct TurnOut {
     pub truncated: bool,
 }
 
-impl TurnOut {
-    pub fn new(turn: &FinalizedTurn) -> Self {
-        Self::from_included(IncludedTurn {
-            turn,
-            user_query: turn.start.user_query.as_str().into(),
-            final_answer: turn.end.final_answer.as_str().into(),
-            truncated: false,
-        })
-    }
-
-    fn from_included(t: IncludedTurn<'_>) -> Self {
+impl From<TurnView> for TurnOut {
+    fn from(t: TurnView) -> Self {
         TurnOut {
-            turn_id: t.turn.start.turn_id.to_string(),
-            seq: t.turn.seq(),
-            user_query: t.user_query.into_owned(),
-            final_answer: t.final_answer.into_owned(),
-            started_at: rfc3339(t.turn.start.started_at),
-            finalized_at: rfc3339(t.turn.end.finalized_at),
+            turn_id: t.turn_id.to_string(),
+            seq: t.seq,
+            user_query: t.user_query,
+            final_answer: t.final_answer,
+            started_at: rfc3339(t.started_at),
+            finalized_at: rfc3339(t.finalized_at),
+            truncated: false,
+        }
+    }
+}
+
+impl From<SelectedTurn> for TurnOut {
+    fn from(t: SelectedTurn) -> Self {
+        TurnOut {
+            turn_id: t.turn_id.to_string(),
+            seq: t.seq,
+            user_query: t.user_query,
+            final_answer: t.final_answer,
+            started_at: rfc3339(t.started_at),
+            finalized_at: rfc3339(t.finalized_at),
             truncated: t.truncated,
         }
     }
@@ -175,6 +211,10 @@ pub struct HistoryResponse {
     pub omitted_turns: u64,
     /// Started turns not finalized yet (not in the history).
     pub pending_turns: u64,
+    /// The bound that left turns out (`limit`, `max_tokens` or `max_bytes`,
+    /// the first of them when several stop at the same turn), or `null`
+    /// when every candidate turn is included.
+    pub stopped_by: Option<StopReason>,
     /// `format=text`: the rendering ("" for an empty history).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rendered: Option<String>,
@@ -187,40 +227,39 @@ pub struct HistoryResponse {
 }
 
 impl HistoryResponse {
-    pub fn build(session_id: &str, stored: &StoredHistory, opts: &Options) -> Self {
-        let r = history::render(&stored.newest_first, stored.first.as_ref(), opts);
+    pub fn build(session_id: &str, stored: StoredHistory, opts: &Options) -> Self {
+        let selection = stored.selection;
+        let included_turns = selection.turns.len() as u64;
         let mut out = HistoryResponse {
             session_id: session_id.to_owned(),
-            user_id: stored.user_id.clone(),
-            format: match opts.format {
-                Format::Text => HistoryFormat::Text,
-                Format::Messages => HistoryFormat::Messages,
-                Format::Turns => HistoryFormat::Turns,
-            },
+            user_id: stored.user_id,
+            format: opts.format.into(),
             encoding: opts.encoding,
-            token_count: r.token_count,
+            token_count: selection.token_count,
             total_turns: stored.total_turns,
-            included_turns: r.included_turns as u64,
-            omitted_turns: stored.total_turns.saturating_sub(r.included_turns as u64),
+            included_turns,
+            omitted_turns: stored.total_turns.saturating_sub(included_turns),
             pending_turns: stored.pending_turns,
+            stopped_by: selection.stopped_by.map(StopReason::from),
             rendered: None,
             messages: None,
             turns: None,
         };
-        match r.body {
-            RenderedBody::Text(s) => out.rendered = Some(s),
-            RenderedBody::Messages(ms) => {
+        match opts.format {
+            Format::Text => out.rendered = Some(history::render_text(&selection.turns)),
+            Format::Messages => {
                 out.messages = Some(
-                    ms.into_iter()
+                    history::messages(selection.turns)
+                        .into_iter()
                         .map(|m| MessageOut {
                             role: m.role,
-                            content: m.content.into_owned(),
+                            content: m.content,
                         })
                         .collect(),
                 )
             }
-            RenderedBody::Turns(ts) => {
-                out.turns = Some(ts.into_iter().map(TurnOut::from_included).collect())
+            Format::Turns => {
+                out.turns = Some(selection.turns.into_iter().map(TurnOut::from).collect())
             }
         }
         out

@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::AppState;
 use super::error::{ApiError, Problem};
 use super::extract::{Check, QueryParams, path_extractor};
-use super::history::{HistoryFormat, HistoryParams, HistoryResponse, window};
+use super::history::{HistoryFormat, HistoryParams, HistoryResponse};
 use crate::domain::{SessionId, TurnId};
 use crate::turn::{now_millis, rfc3339};
 
@@ -109,11 +109,8 @@ pub async fn get_history(
     }
     check.finish()?;
     let session = session.ok_or(ApiError::Internal)?;
-    let stored = app
-        .store
-        .history(&session, window(&opts), now_millis())
-        .await?;
-    let out = HistoryResponse::build(session.as_str(), &stored, &opts);
+    let stored = app.store.history(&session, &opts, now_millis()).await?;
+    let out = HistoryResponse::build(session.as_str(), stored, &opts);
     if plain {
         let mut res = out.rendered.unwrap_or_default().into_response();
         let h = res.headers_mut();

@@ -11,11 +11,11 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::error::{ApiError, Problem};
 use super::extract::{Check, JsonBody};
-use super::history::{HistoryParams, HistoryResponse, TurnOut, window};
+use super::history::{HistoryParams, HistoryResponse, TurnOut};
 use super::sessions::SessionTurnPath;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
-use crate::history::{AnswerTokens, QueryTokens};
 use crate::store::{Finalized, StartTurn};
+use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::{Finalization, NewPendingTurn, now_millis, rfc3339};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -103,6 +103,9 @@ fn parse_text<T>(
         (status = 403, description = "`session_owner_mismatch`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation_failed`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`too_many_pending_turns`: the session holds `TURNSTORE_MAX_PENDING_TURNS` turns started and not finalized; nothing was written",
+         body = Problem, content_type = "application/problem+json",
+         headers(("Retry-After" = u64, description = "Seconds until the oldest pending turn expires (a finalize or abort frees one sooner)"))),
         (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
@@ -166,22 +169,23 @@ pub async fn start_turn(
                 tokens: &tokens,
             },
             idempotency: key.as_ref().zip(hash.as_deref()),
-            window: options.as_ref().map(window),
+            history: options.as_ref(),
+            new_session: body.session_id.is_none(),
             now: now_millis(),
         })
         .await?;
     app.metrics.turn_started(started.replayed);
 
-    let history = match (&started.history, &options) {
+    let history = match (started.history, &options) {
         (Some(h), Some(opts)) => Some(HistoryResponse::build(session_id.as_str(), h, opts)),
         _ => None,
     };
     let body = StartTurnResponse {
         session_id: session_id.into_string(),
         user_id: started.user_id,
-        turn_id: started.turn.turn_id.to_string(),
-        seq: started.turn.seq,
-        started_at: rfc3339(started.turn.started_at),
+        turn_id: started.turn_id.to_string(),
+        seq: started.seq,
+        started_at: rfc3339(started.started_at),
         history,
     };
     Ok(if started.replayed {
@@ -251,12 +255,12 @@ pub async fn finalize_turn(
             app.metrics.turn_finalized();
             t
         }
-        Finalized::Already(t) if t.end.final_answer == end.final_answer => t,
+        Finalized::Already(t) if t.final_answer == end.final_answer => t,
         Finalized::Already(_) => return Err(ApiError::TurnAlreadyFinalized),
     };
     Ok(Json(FinalizeTurnResponse {
         session_id: session.into_string(),
-        turn: TurnOut::new(&done),
+        turn: TurnOut::from(done),
     }))
 }
 

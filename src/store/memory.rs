@@ -1,7 +1,7 @@
 //! The in-memory store: one process, same rules as Redis, TTLs included.
 //! Expired data is invisible at once and swept in the background.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -10,11 +10,15 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
-    Finalized, Limits, SessionInfo, SessionSummary, StartTurn, Started, Store, StoreError,
-    StoredHistory, Window, most_recent_first,
+    EXAMINED_PER_LISTED, Erased, Finalized, Limits, SessionInfo, SessionSummary, SessionsPage,
+    StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
+use crate::history::{Candidate, Content, Options, select};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
+
+/// Sessions an erasure deletes per hold of the lock.
+const ERASE_BATCH: usize = 1000;
 
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -26,8 +30,31 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     sessions: HashMap<SessionId, Session>,
-    /// Sessions per owner; entries of dead sessions are dropped when seen.
-    users: HashMap<UserId, HashSet<SessionId>>,
+    /// Each user's index: what Redis keeps in its user keys.
+    users: HashMap<UserId, UserIndex>,
+}
+
+/// A user's sessions by the time their entry reaches until (unique per
+/// user, see `next_index_time`); entries of dead sessions are dropped when
+/// seen.
+#[derive(Default)]
+struct UserIndex {
+    by_time: BTreeMap<Millis, SessionId>,
+    time_of: HashMap<SessionId, Millis>,
+}
+
+impl UserIndex {
+    fn put(&mut self, session: &SessionId, time: Millis) {
+        self.remove(session);
+        self.by_time.insert(time, session.clone());
+        self.time_of.insert(session.clone(), time);
+    }
+
+    fn remove(&mut self, session: &SessionId) {
+        if let Some(t) = self.time_of.remove(session) {
+            self.by_time.remove(&t);
+        }
+    }
 }
 
 struct Session {
@@ -41,6 +68,8 @@ struct Session {
     pending: HashMap<TurnId, (PendingTurn, Instant)>,
     /// key -> (turn, request hash)
     idempotency: HashMap<String, (TurnId, String)>,
+    /// How long the owner's index entry reaches (`Limits::index_needed`).
+    indexed_until: Millis,
 }
 
 impl Session {
@@ -68,8 +97,11 @@ impl Session {
         }
     }
 
-    fn live_pending(&self, now: Instant) -> u64 {
-        self.pending.values().filter(|(_, d)| *d > now).count() as u64
+    fn live_pending(&self, now: Instant) -> impl Iterator<Item = (&PendingTurn, Instant)> {
+        self.pending
+            .values()
+            .filter(move |(_, d)| *d > now)
+            .map(|(p, d)| (p, *d))
     }
 
     fn find(&self, turn: TurnId, now: Instant) -> Option<PendingTurn> {
@@ -84,30 +116,48 @@ impl Session {
     }
 
     /// The history as it stood before `before_seq`.
-    fn history(&self, window: Window, before_seq: u64, now: Instant) -> StoredHistory {
-        let older = self.finalized.range(..before_seq);
+    fn history(&self, read: &Options, before_seq: u64, now: Instant) -> StoredHistory {
+        let lo = read.after_seq.saturating_add(1);
+        let hi = read.through_seq.min(before_seq.saturating_sub(1));
+        let whole = lo <= 1
+            && self
+                .finalized
+                .last_key_value()
+                .is_none_or(|(s, _)| *s <= hi);
+        let (total_turns, selection) = if lo > hi {
+            (0, select(std::iter::empty(), read))
+        } else {
+            let range = self.finalized.range(lo..=hi);
+            let total = if whole {
+                self.finalized.len()
+            } else {
+                range.clone().count()
+            };
+            let candidates = range.map(|(_, t)| candidate(t, read));
+            (total as u64, select(candidates, read))
+        };
         StoredHistory {
             user_id: self.user_id.as_ref().map(|u| u.to_string()),
-            total_turns: self.finalized.range(..before_seq).count() as u64,
+            total_turns,
             pending_turns: self
-                .pending
-                .values()
-                .filter(|(p, d)| *d > now && p.seq < before_seq)
+                .live_pending(now)
+                .filter(|(p, _)| p.seq < before_seq)
                 .count() as u64,
-            newest_first: older
-                .rev()
-                .take(window.limit)
-                .map(|(_, t)| t.clone())
-                .collect(),
-            first: if window.keep_first && window.limit > 0 {
-                self.finalized
-                    .range(..before_seq)
-                    .next()
-                    .map(|(_, t)| t.clone())
-            } else {
-                None
-            },
+            selection,
         }
+    }
+}
+
+/// A stored turn as a read sees it: no more of its contents than it needs.
+fn candidate(t: &FinalizedTurn, read: &Options) -> Candidate {
+    Candidate {
+        turn_id: t.start.turn_id,
+        seq: t.seq(),
+        started_at: t.start.started_at,
+        finalized_at: t.end.finalized_at,
+        user_query: Content::for_read(&t.start.user_query, read.max_query_chars),
+        final_answer: Content::for_read(&t.end.final_answer, read.max_answer_chars),
+        costs: t.costs(),
     }
 }
 
@@ -120,7 +170,13 @@ impl State {
         self.sessions.get_mut(id)
     }
 
-    /// Drops expired sessions and pending turns; returns how many pending turns expired.
+    fn is_owned_by(&mut self, id: &SessionId, user: &UserId, now: Instant) -> bool {
+        self.live(id, now)
+            .is_some_and(|s| s.user_id.as_ref() == Some(user))
+    }
+
+    /// Drops expired sessions and pending turns, and the index entries of
+    /// dead sessions; returns how many pending turns expired.
     fn sweep(&mut self, now: Instant) -> u64 {
         self.sessions.retain(|_, s| s.expires > now);
         let expired = self
@@ -129,13 +185,21 @@ impl State {
             .map(|s| s.purge_pending(now))
             .sum();
         let sessions = &self.sessions;
-        self.users.retain(|user, ids| {
-            ids.retain(|id| {
-                sessions
-                    .get(id)
-                    .is_some_and(|s| s.user_id.as_ref() == Some(user))
-            });
-            !ids.is_empty()
+        self.users.retain(|user, index| {
+            let dead: Vec<SessionId> = index
+                .time_of
+                .keys()
+                .filter(|id| {
+                    sessions
+                        .get(*id)
+                        .is_none_or(|s| s.user_id.as_ref() != Some(user))
+                })
+                .cloned()
+                .collect();
+            for id in &dead {
+                index.remove(id);
+            }
+            !index.by_time.is_empty()
         });
         expired
     }
@@ -197,14 +261,24 @@ impl Store for MemoryStore {
                 return Err(StoreError::IdempotencyKeyReused);
             }
             if let Some(turn) = s.find(*turn, now) {
-                let history = req.window.map(|w| s.history(w, turn.seq, now));
+                let history = req.history.map(|read| s.history(read, turn.seq, now));
                 return Ok(Started {
                     user_id: s.user_id.as_ref().map(|u| u.to_string()),
-                    turn,
+                    turn_id: turn.turn_id,
+                    seq: turn.seq,
+                    started_at: turn.started_at,
                     replayed: true,
                     history,
                 });
             }
+        }
+        if let Some(s) = &existing
+            && s.live_pending(now).count() >= self.limits.max_pending as usize
+        {
+            let oldest = s.live_pending(now).map(|(_, d)| d).min().unwrap_or(now);
+            return Err(StoreError::TooManyPendingTurns {
+                retry_after: oldest - now,
+            });
         }
 
         let session = state
@@ -220,34 +294,44 @@ impl Store for MemoryStore {
                 finalized_seq: HashMap::new(),
                 pending: HashMap::new(),
                 idempotency: HashMap::new(),
+                indexed_until: 0,
             });
         self.expired_pending.inc_by(session.purge_pending(now));
-        if session.user_id.is_none()
-            && let Some(user) = req.user_id
+        let claim = session.user_id.is_none() && req.user_id.is_some();
+        if claim {
+            session.user_id = req.user_id.cloned();
+        }
+        let needed = req
+            .now
+            .saturating_add(super::ms(self.limits.index_needed()));
+        if let Some(owner) = &session.user_id
+            && (claim || session.indexed_until < needed)
         {
-            session.user_id = Some(user.clone());
-            state
-                .users
-                .entry(user.clone())
-                .or_default()
-                .insert(req.session_id.clone());
+            let index = state.users.entry(owner.clone()).or_default();
+            let top = index.by_time.last_key_value().map(|(t, _)| *t);
+            let time = next_index_time(req.now, self.limits.index_horizon(), top, 0);
+            index.put(req.session_id, time);
+            session.indexed_until = time;
         }
         session.next_seq += 1;
         let turn = req.turn.with_seq(session.next_seq);
-        let history = req.window.map(|w| session.history(w, turn.seq, now));
+        let history = req.history.map(|read| session.history(read, turn.seq, now));
+        let (turn_id, seq, started_at) = (turn.turn_id, turn.seq, turn.started_at);
         session
             .pending
-            .insert(turn.turn_id, (turn.clone(), now + self.limits.pending_ttl));
+            .insert(turn_id, (turn, now + self.limits.pending_ttl));
         if let Some((key, hash)) = req.idempotency {
             session
                 .idempotency
-                .insert(key.to_string(), (turn.turn_id, hash.to_owned()));
+                .insert(key.to_string(), (turn_id, hash.to_owned()));
         }
         session.last_active_at = req.now;
         session.expires = now + self.limits.session_ttl;
         Ok(Started {
             user_id: session.user_id.as_ref().map(|u| u.to_string()),
-            turn,
+            turn_id,
+            seq,
+            started_at,
             replayed: false,
             history,
         })
@@ -267,7 +351,7 @@ impl Store for MemoryStore {
             .get(&turn)
             .and_then(|seq| s.finalized.get(seq))
         {
-            return Ok(Finalized::Already(done.clone()));
+            return Ok(Finalized::Already(done.view()));
         }
         self.expired_pending.inc_by(s.purge_pending(now));
         let (start, _) = s.pending.remove(&turn).ok_or(StoreError::TurnNotFound)?;
@@ -275,8 +359,9 @@ impl Store for MemoryStore {
             start,
             end: end.clone(),
         };
+        let view = done.view();
         s.finalized_seq.insert(turn, done.seq());
-        s.finalized.insert(done.seq(), done.clone());
+        s.finalized.insert(done.seq(), done);
         while s.finalized.len() > self.limits.max_turns as usize {
             if let Some((_, old)) = s.finalized.pop_first() {
                 s.finalized_seq.remove(&old.start.turn_id);
@@ -285,7 +370,7 @@ impl Store for MemoryStore {
         }
         s.last_active_at = end.finalized_at;
         s.expires = now + self.limits.session_ttl;
-        Ok(Finalized::Now(done))
+        Ok(Finalized::Now(view))
     }
 
     async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {
@@ -309,15 +394,18 @@ impl Store for MemoryStore {
     async fn history(
         &self,
         session: &SessionId,
-        window: Window,
+        read: &Options,
         _now: Millis,
     ) -> Result<StoredHistory, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        Ok(state
-            .live(session, now)
-            .map(|s| s.history(window, u64::MAX, now))
-            .unwrap_or_default())
+        Ok(match state.live(session, now) {
+            Some(s) => s.history(read, u64::MAX, now),
+            None => StoredHistory {
+                selection: select(std::iter::empty(), read),
+                ..StoredHistory::default()
+            },
+        })
     }
 
     async fn session_info(
@@ -331,9 +419,9 @@ impl Store for MemoryStore {
             user_id: s.user_id.as_ref().map(|u| u.to_string()),
             created_at: s.created_at,
             last_active_at: s.last_active_at,
-            expires_at: now_ms + millis(s.expires - now),
+            expires_at: now_ms + super::ms(s.expires - now),
             turn_count: s.finalized.len() as u64,
-            pending_count: s.live_pending(now),
+            pending_count: s.live_pending(now).count() as u64,
         }))
     }
 
@@ -341,9 +429,9 @@ impl Store for MemoryStore {
         let mut state = self.lock();
         if let Some(s) = state.sessions.remove(session)
             && let Some(user) = s.user_id
-            && let Some(ids) = state.users.get_mut(&user)
+            && let Some(index) = state.users.get_mut(&user)
         {
-            ids.remove(session);
+            index.remove(session);
         }
         Ok(())
     }
@@ -351,56 +439,106 @@ impl Store for MemoryStore {
     async fn user_sessions(
         &self,
         user: &UserId,
+        limit: usize,
+        cursor: Option<Millis>,
         _now: Millis,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
+    ) -> Result<SessionsPage, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        let ids: Vec<SessionId> = state
-            .users
-            .get(user)
-            .map(|ids| ids.iter().cloned().collect())
-            .unwrap_or_default();
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
+        let state = &mut *state;
+        let Some(index) = state.users.get(user) else {
+            return Ok(SessionsPage {
+                sessions: Vec::new(),
+                next_cursor: None,
+            });
+        };
+        let below = cursor.unwrap_or(Millis::MAX);
+        let entries: Vec<(Millis, SessionId)> = index
+            .by_time
+            .range(..below)
+            .rev()
+            .take(limit.max(1) * EXAMINED_PER_LISTED)
+            .map(|(t, s)| (*t, s.clone()))
+            .collect();
+        let mut sessions = Vec::new();
+        let mut last = None;
+        let mut dead = Vec::new();
+        for (time, id) in entries {
+            if sessions.len() == limit {
+                break;
+            }
+            last = Some(time);
             match state.live(&id, now) {
-                Some(s) if s.user_id.as_ref() == Some(user) => out.push(SessionSummary {
+                Some(s) if s.user_id.as_ref() == Some(user) => sessions.push(SessionSummary {
                     session_id: id.to_string(),
                     last_active_at: s.last_active_at,
                     turn_count: s.finalized.len() as u64,
                 }),
-                _ => {
-                    if let Some(ids) = state.users.get_mut(user) {
-                        ids.remove(&id);
-                    }
-                }
+                _ => dead.push(id),
             }
         }
-        most_recent_first(&mut out);
-        Ok(out)
+        let index = state.users.entry(user.clone()).or_default();
+        for id in &dead {
+            index.remove(id);
+        }
+        let next_cursor = last.filter(|t| index.by_time.range(..*t).next().is_some());
+        Ok(SessionsPage {
+            sessions,
+            next_cursor,
+        })
     }
 
-    async fn erase_user(&self, user: &UserId) -> Result<u64, StoreError> {
-        let now = Instant::now();
-        let mut state = self.lock();
-        let ids = state.users.remove(user).unwrap_or_default();
-        let mut deleted = 0;
-        for id in ids {
-            if state
-                .live(&id, now)
-                .is_some_and(|s| s.user_id.as_ref() == Some(user))
+    async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
+        let deadline = Instant::now() + budget;
+        let mut deleted_sessions = 0;
+        let mut below = Millis::MAX;
+        loop {
+            let now = Instant::now();
             {
-                state.sessions.remove(&id);
-                deleted += 1;
+                let mut state = self.lock();
+                let batch: Vec<(Millis, SessionId)> = match state.users.get(user) {
+                    None => Vec::new(),
+                    Some(index) => index
+                        .by_time
+                        .range(..below)
+                        .rev()
+                        .take(ERASE_BATCH)
+                        .map(|(t, s)| (*t, s.clone()))
+                        .collect(),
+                };
+                for (_, id) in &batch {
+                    if state.is_owned_by(id, user, now) {
+                        state.sessions.remove(id);
+                        deleted_sessions += 1;
+                    }
+                    if let Some(index) = state.users.get_mut(user) {
+                        index.remove(id);
+                    }
+                }
+                match batch.last() {
+                    Some((last, _)) if batch.len() == ERASE_BATCH => below = *last,
+                    _ => break,
+                }
             }
+            if Instant::now() >= deadline {
+                return Ok(Erased {
+                    deleted_sessions,
+                    complete: false,
+                });
+            }
+            tokio::task::yield_now().await;
         }
-        Ok(deleted)
+        let mut state = self.lock();
+        if state.users.get(user).is_some_and(|i| i.by_time.is_empty()) {
+            state.users.remove(user);
+        }
+        Ok(Erased {
+            deleted_sessions,
+            complete: true,
+        })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
-}
-
-fn millis(d: Duration) -> Millis {
-    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }

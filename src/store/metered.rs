@@ -2,15 +2,16 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::{
-    Finalized, PoolStatus, SessionInfo, SessionSummary, StartTurn, Started, Store, StoreError,
-    StoredHistory, Window,
+    Erased, Finalized, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started, Store,
+    StoreError, StoredHistory,
 };
 use crate::domain::{SessionId, TurnId, UserId};
+use crate::history::Options;
 use crate::metrics::Metrics;
 use crate::turn::{Finalization, Millis};
 
@@ -70,10 +71,10 @@ impl Store for Metered {
     async fn history(
         &self,
         session: &SessionId,
-        window: Window,
+        read: &Options,
         now: Millis,
     ) -> Result<StoredHistory, StoreError> {
-        self.time("history", self.inner.history(session, window, now))
+        self.time("history", self.inner.history(session, read, now))
             .await
     }
 
@@ -94,14 +95,20 @@ impl Store for Metered {
     async fn user_sessions(
         &self,
         user: &UserId,
+        limit: usize,
+        cursor: Option<Millis>,
         now: Millis,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.time("user_sessions", self.inner.user_sessions(user, now))
-            .await
+    ) -> Result<SessionsPage, StoreError> {
+        self.time(
+            "user_sessions",
+            self.inner.user_sessions(user, limit, cursor, now),
+        )
+        .await
     }
 
-    async fn erase_user(&self, user: &UserId) -> Result<u64, StoreError> {
-        self.time("erase_user", self.inner.erase_user(user)).await
+    async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
+        self.time("erase_user", self.inner.erase_user(user, budget))
+            .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -1,5 +1,6 @@
 //! One storage trait, two backends: `memory` (the default) and `redis`.
-//! Handlers only ever talk to `dyn Store`; the same HTTP suite runs on each.
+//! Handlers only ever talk to `dyn Store`; the same HTTP suite runs on each,
+//! and a property test runs random operations on both and compares them.
 
 mod memory;
 mod metered;
@@ -13,7 +14,8 @@ pub use self::memory::MemoryStore;
 pub use self::metered::Metered;
 pub use self::redis::RedisStore;
 use crate::domain::{IdempotencyKey, SessionId, TurnId, UserId};
-use crate::turn::{Finalization, FinalizedTurn, Millis, NewPendingTurn, PendingTurn};
+use crate::history::{Options, Selection};
+use crate::turn::{Finalization, Millis, NewPendingTurn, TurnView};
 
 /// Lifetimes and bounds every backend enforces.
 #[derive(Debug, Clone)]
@@ -21,15 +23,46 @@ pub struct Limits {
     pub session_ttl: Duration,
     pub pending_ttl: Duration,
     pub max_turns: u32,
+    /// Live pending turns per session; one more start is refused.
+    pub max_pending: u32,
 }
 
-/// Which finalized turns a read needs: the budget picks among them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// How many of the most recent finalized turns.
-    pub limit: usize,
-    /// Also the session's first (oldest kept) turn.
-    pub keep_first: bool,
+/// Clock skew between instances that user-index times tolerate.
+pub(crate) const INDEX_SKEW: Duration = Duration::from_secs(5 * 60);
+
+impl Limits {
+    /// How far past a start an owned session's user-index entry must
+    /// reach: the session can live `session_ttl` past a finalize, which
+    /// can come `pending_ttl` after the start.
+    pub fn index_needed(&self) -> Duration {
+        self.session_ttl + self.pending_ttl + INDEX_SKEW
+    }
+
+    /// How far past its write an index entry reaches: more than needed, so
+    /// that an active session rewrites its entry only every so often.
+    pub fn index_horizon(&self) -> Duration {
+        self.index_needed() + (self.session_ttl / 4).min(Duration::from_secs(24 * 3600))
+    }
+}
+
+/// A user's sessions are listed and erased in the order of their index
+/// entries, each `(time, session)`: the time the entry reaches until, so
+/// the most recently active sessions come first. Times in one user's
+/// index are unique: an entry written gets a time past every other.
+pub fn next_index_time(now: Millis, horizon: Duration, top: Option<Millis>, min: Millis) -> Millis {
+    let reach = now.saturating_add(ms(horizon));
+    reach
+        .max(top.map_or(Millis::MIN, |t| t + 1))
+        .max(min.saturating_add(1))
+}
+
+/// A page of a listing examines at most this many index entries per
+/// session it may return, so that entries of dead sessions (cleaned as they
+/// are met) cannot make one request long.
+pub const EXAMINED_PER_LISTED: usize = 10;
+
+pub(crate) fn ms(d: Duration) -> Millis {
+    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }
 
 #[derive(Debug)]
@@ -40,7 +73,9 @@ pub struct StartTurn<'a> {
     /// The key and a hash of the request it came with.
     pub idempotency: Option<(&'a IdempotencyKey, &'a str)>,
     /// Read the history (as it stood before this turn) in the same operation.
-    pub window: Option<Window>,
+    pub history: Option<&'a Options>,
+    /// The store may save a round trip for a session id it knows to be new.
+    pub new_session: bool,
     pub now: Millis,
 }
 
@@ -48,30 +83,30 @@ pub struct StartTurn<'a> {
 pub struct Started {
     /// The session's owner, if it has one.
     pub user_id: Option<String>,
-    pub turn: PendingTurn,
+    pub turn_id: TurnId,
+    pub seq: u64,
+    pub started_at: Millis,
     /// An earlier start with the same idempotency key and request made this turn.
     pub replayed: bool,
     pub history: Option<StoredHistory>,
 }
 
-/// The finalized turns a rendering chooses from.
-#[derive(Debug, Default)]
+/// A history read: the selection and what the response says around it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct StoredHistory {
     pub user_id: Option<String>,
+    /// Finalized turns among the candidates (in the read's seq range).
     pub total_turns: u64,
     pub pending_turns: u64,
-    /// At most `Window::limit` turns, newest first.
-    pub newest_first: Vec<FinalizedTurn>,
-    /// With `Window::keep_first`: the oldest kept turn.
-    pub first: Option<FinalizedTurn>,
+    pub selection: Selection,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Finalized {
     /// This call finalized it.
-    Now(FinalizedTurn),
+    Now(TurnView),
     /// It was already final; the caller compares the answers.
-    Already(FinalizedTurn),
+    Already(TurnView),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,6 +126,22 @@ pub struct SessionSummary {
     pub turn_count: u64,
 }
 
+/// One page of a user's sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionsPage {
+    pub sessions: Vec<SessionSummary>,
+    /// Where the next page starts; `None` after the last.
+    pub next_cursor: Option<Millis>,
+}
+
+/// What one erasure call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Erased {
+    pub deleted_sessions: u64,
+    /// Every session of the user that existed when the call began is gone.
+    pub complete: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("the session belongs to another user")]
@@ -99,6 +150,12 @@ pub enum StoreError {
     IdempotencyKeyReused,
     #[error("no such pending or finalized turn")]
     TurnNotFound,
+    /// The session holds `Limits::max_pending` live pending turns.
+    #[error("too many pending turns")]
+    TooManyPendingTurns {
+        /// Until the oldest of them expires.
+        retry_after: Duration,
+    },
     /// The store did not answer in time or refused the connection.
     #[error("store unavailable: {0}")]
     Unavailable(String),
@@ -109,9 +166,9 @@ pub enum StoreError {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Allocates the next `seq`, checks the owner and the idempotency key,
-    /// writes the pending turn, slides the TTL and reads the history before
-    /// the turn: all or nothing.
+    /// Allocates the next `seq`, checks the owner, the idempotency key and
+    /// the pending cap, writes the pending turn, slides the TTL and reads the
+    /// history before the turn: all or nothing.
     async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError>;
 
     /// Moves a live pending turn into the history at its `seq`, slides the
@@ -126,11 +183,12 @@ pub trait Store: Send + Sync + 'static {
     /// Removes a pending or finalized turn; `TurnNotFound` if neither.
     async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError>;
 
-    /// Reads without extending the TTL. An unknown session reads as empty.
+    /// Reads without extending the TTL, at a cost bounded by what it
+    /// returns. An unknown session reads as empty.
     async fn history(
         &self,
         session: &SessionId,
-        window: Window,
+        read: &Options,
         now: Millis,
     ) -> Result<StoredHistory, StoreError>;
 
@@ -143,15 +201,19 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes the session; fine if it does not exist.
     async fn clear_session(&self, session: &SessionId) -> Result<(), StoreError>;
 
-    /// Live sessions of a user, most recently active first.
+    /// A page of the user's live sessions, most recently active first,
+    /// starting below `cursor`.
     async fn user_sessions(
         &self,
         user: &UserId,
+        limit: usize,
+        cursor: Option<Millis>,
         now: Millis,
-    ) -> Result<Vec<SessionSummary>, StoreError>;
+    ) -> Result<SessionsPage, StoreError>;
 
-    /// Deletes every session of a user; returns how many there were.
-    async fn erase_user(&self, user: &UserId) -> Result<u64, StoreError>;
+    /// Deletes the user's sessions for at most `budget`; a later call
+    /// continues with what is left.
+    async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError>;
 
     /// Succeeds when the store answers.
     async fn ping(&self) -> Result<(), StoreError>;
@@ -167,16 +229,4 @@ pub struct PoolStatus {
     pub size: usize,
     pub available: usize,
     pub waiting: usize,
-}
-
-/// How long a user index entry may go without a refresh: the index key
-/// outlives each of its sessions by this much, so it never expires first.
-pub(crate) fn index_refresh_interval(limits: &Limits) -> Duration {
-    (limits.session_ttl / 4).min(Duration::from_secs(24 * 3600))
-}
-
-/// Orders a user's sessions for listing: most recently active first.
-pub(crate) fn most_recent_first(sessions: &mut [SessionSummary]) {
-    sessions
-        .sort_by(|a, b| (b.last_active_at, &b.session_id).cmp(&(a.last_active_at, &a.session_id)));
 }

@@ -5,6 +5,7 @@
 
 #[path = "../process/harness.rs"]
 mod harness;
+mod model;
 mod support;
 
 use std::time::Duration;
@@ -874,7 +875,10 @@ async fn user_sessions_are_listed_and_erased(backend: Backend) {
     );
 
     let erased = ok_json(app.erase_user(&user).await, StatusCode::OK).await;
-    assert_eq!(erased, json!({"user_id": user, "deleted_sessions": 2}));
+    assert_eq!(
+        erased,
+        json!({"user_id": user, "deleted_sessions": 2, "complete": true})
+    );
     assert_eq!(app.user_sessions(&user).await["sessions"], json!([]));
     assert_eq!(app.history_ok(&s1, "").await["total_turns"], 0);
     problem(app.session(&s2).await, 404, "session_not_found").await;

@@ -1,12 +1,12 @@
-//! Data-layout migrations on a real redis-server: data written in layout 1,
-//! `serve` refusing it, `turnstore migrate` (1 -> 2 -> 3), and the data read
-//! back over HTTP.
+//! Data-layout migrations on a real redis-server: data written in layouts 1
+//! and 3 by hand, as those versions wrote it, `serve` refusing it,
+//! `turnstore migrate`, and the data read back over HTTP.
 
 use std::process::Command;
 
 use serde_json::{Value, json};
 use turnstore::domain::TurnId;
-use turnstore::history::{AnswerTokens, Encoding, QueryTokens};
+use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens};
 use turnstore::turn::{Finalization, FinalizedTurn, PendingTurn, now_millis};
 
 use crate::harness::{Redis, Turnstore};
@@ -155,23 +155,22 @@ async fn layout_1_data_is_migrated_and_served() {
         out(&first).trim(),
         "0002_short_session_keys: 1001 sessions, 1005 keys moved, 0 conflicts\n\
          0003_compact_turn_records: 1001 sessions, 3 records rewritten, 0 conflicts\n\
-         layout 1 -> 3"
+         0004_budget_without_loading: 1001 sessions, 3 records rewritten, 0 conflicts\n\
+         layout 1 -> 4"
     );
-    assert_eq!(out(&again).trim(), "layout 3 -> 3");
-    let stored = redis.cli(&["HGETALL", "turnstore:{legacy-1}:t"])
-        + &redis.cli(&["HGETALL", "turnstore:{legacy-1}:p"]);
-    assert!(!stored.contains(r#""id":""#), "{stored}");
-    assert!(!stored.contains(r#""e":"o200k_base""#), "{stored}");
+    assert_eq!(out(&again).trim(), "layout 4 -> 4");
+    let stored = redis.cli(&["HGETALL", "turnstore:{legacy-1}:r"])
+        + &redis.cli(&["HGETALL", "turnstore:{legacy-1}:q"]);
     assert!(
-        stored.contains(r#"Not {\"id\":\"x\",\"n\":{\"e\":\"o200k_base\""#),
-        "{stored}"
+        stored.contains(r#"Not {"id":"x","n":{"e":"o200k_base","q":1}}."#),
+        "the text a user wrote stays as it was: {stored}"
     );
-    assert_eq!(
-        redis.cli(&["EXISTS", "turnstore:{legacy-1}:meta"]).trim(),
-        "0"
-    );
+    for gone in ["meta", "m", "t"] {
+        let key = format!("turnstore:{{legacy-1}}:{gone}");
+        assert_eq!(redis.cli(&["EXISTS", &key]).trim(), "0", "{key}");
+    }
     let ttl: i64 = redis
-        .cli(&["PTTL", "turnstore:{legacy-1}:t"])
+        .cli(&["PTTL", "turnstore:{legacy-1}:r"])
         .trim()
         .parse()
         .unwrap();
@@ -241,7 +240,8 @@ async fn layout_1_data_is_migrated_and_served() {
 fn a_newer_layout_is_refused() {
     // Arrange
     let redis = Redis::unix();
-    redis.cli(&["SET", "turnstore:layout", "4"]);
+    let newer = (turnstore::store::redis::LAYOUT + 1).to_string();
+    redis.cli(&["SET", "turnstore:layout", &newer]);
 
     // Act
     let serve = turnstore(&[], &redis);
@@ -268,7 +268,7 @@ fn a_fresh_store_is_marked_with_the_current_layout() {
     // Assert
     assert_eq!(
         redis.cli(&["GET", "turnstore:layout"]).trim(),
-        "3",
+        turnstore::store::redis::LAYOUT.to_string(),
         "{}",
         ts.log()
     );
@@ -309,10 +309,11 @@ fn migrate_scans_every_master_of_a_cluster() {
         stdout.trim(),
         "0002_short_session_keys: 30 sessions, 30 keys moved, 0 conflicts\n\
          0003_compact_turn_records: 30 sessions, 0 records rewritten, 0 conflicts\n\
-         layout 1 -> 3"
+         0004_budget_without_loading: 30 sessions, 0 records rewritten, 0 conflicts\n\
+         layout 1 -> 4"
     );
     for s in &sessions {
-        let key = format!("turnstore:{{{s}}}:m");
+        let key = format!("turnstore:{{{s}}}:h");
         let owner = cluster.owner(cluster.keyslot(&key));
         assert_eq!(
             cluster.nodes[owner].cli(&["EXISTS", &key]).trim(),
@@ -320,4 +321,216 @@ fn migrate_scans_every_master_of_a_cluster() {
             "{s}"
         );
     }
+}
+
+/// A pending record as layout 3 wrote it: compact JSON, no turn id, no
+/// encoding when it is o200k_base.
+fn layout_3_pending(t: &PendingTurn) -> Value {
+    let mut n = json!({"q": t.tokens.query, "u": t.tokens.user_line});
+    if t.tokens.encoding != Encoding::O200kBase {
+        n["e"] = json!(t.tokens.encoding.name());
+    }
+    let mut p = json!({"s": t.seq, "q": t.user_query, "t": t.started_at, "n": n});
+    if let Some(k) = &t.idempotency_key {
+        p["k"] = json!(k);
+    }
+    p
+}
+
+fn layout_3_finalized(t: &FinalizedTurn) -> String {
+    let e = &t.end;
+    let mut n =
+        json!({"a": e.tokens.answer, "s": e.tokens.assistant_sep, "l": e.tokens.assistant_last});
+    if e.tokens.encoding != Encoding::O200kBase {
+        n["e"] = json!(e.tokens.encoding.name());
+    }
+    json!({"p": layout_3_pending(&t.start), "f": {"a": e.final_answer, "t": e.finalized_at, "n": n}})
+        .to_string()
+}
+
+/// Writes a session as layout 3 stored it, through a plain Redis client.
+fn write_layout_3_session(
+    redis: &Redis,
+    session: &str,
+    user: &str,
+    turns: &[FinalizedTurn],
+    pending: &[(PendingTurn, i64)],
+) {
+    let mut c = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let k = |suffix: &str| format!("turnstore:{{{session}}}:{suffix}");
+    let now = now_millis();
+    let next_seq = turns.len() + pending.len();
+    let mut pipe = redis::pipe();
+    pipe.hset_multiple(
+        k("m"),
+        &[
+            ("user_id", user.to_string()),
+            ("created_at", (now - 10_000).to_string()),
+            ("last_active_at", now.to_string()),
+            ("next_seq", next_seq.to_string()),
+            ("indexed_at", now.to_string()),
+        ],
+    );
+    for t in turns {
+        let id = t.start.turn_id.to_string();
+        pipe.hset(k("t"), &id, layout_3_finalized(t))
+            .zadd(k("o"), &id, t.seq());
+        if let Some(key) = &t.start.idempotency_key {
+            pipe.hset(k("i"), key, format!("{id} {} hash-{key}", t.seq()));
+        }
+    }
+    for (p, deadline) in pending {
+        let id = p.turn_id.to_string();
+        pipe.hset(k("p"), &id, layout_3_pending(p).to_string())
+            .zadd(k("d"), &id, *deadline);
+        if let Some(key) = &p.idempotency_key {
+            pipe.hset(k("i"), key, format!("{id} {} hash-{key}", p.seq));
+        }
+    }
+    for suffix in ["m", "t", "o", "p", "d", "i"] {
+        pipe.pexpire(k(suffix), 600_000);
+    }
+    let () = pipe.query(&mut c).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layout_3_data_is_migrated_and_served() {
+    // Arrange: layout 3's data, each kind of record in it: turns counted in
+    // two encodings, idempotency keys, a live and an expired pending turn, a
+    // session larger than one migration page, and a session its owner's
+    // index missed (the defect layout 4 fixes: it must be listed again).
+    let redis = Redis::unix();
+    redis.cli(&["SET", "turnstore:layout", "3"]);
+    let now = now_millis();
+    let mut first = finalized(
+        1,
+        "Quote \"this\"\nand {that}: ünï 🙂",
+        "Answer.\n\n- a\n- b",
+        now - 9000,
+    );
+    first.start.idempotency_key = Some("key-1".into());
+    let mut second = finalized(2, "Second?", "Yes.", now - 8000);
+    second.start.tokens = QueryTokens::count(Encoding::Cl100kBase, "Second?");
+    second.end.tokens = AnswerTokens::count(Encoding::Cl100kBase, "Yes.");
+    let mut open = pending(3, "Still open?", now - 1000);
+    open.idempotency_key = Some("key-3".into());
+    let stale = pending(4, "Expired", now - 900_000);
+    write_layout_3_session(
+        &redis,
+        "l3-a",
+        "l3-user",
+        &[first.clone(), second.clone()],
+        &[(open.clone(), now + 600_000), (stale.clone(), now - 1)],
+    );
+    let big: Vec<FinalizedTurn> = (1..=300)
+        .map(|i| {
+            finalized(
+                i,
+                &format!("question {i}"),
+                &"words and more words ".repeat(100),
+                now,
+            )
+        })
+        .collect();
+    write_layout_3_session(&redis, "l3-big", "l3-user", &big, &[]);
+    write_layout_3_session(&redis, "l3-unlisted", "l3-user", &big[..1], &[]);
+    redis.cli(&["ZADD", "turnstore:user:l3-user", &now.to_string(), "l3-a"]);
+    redis.cli(&["ZADD", "turnstore:user:l3-user", &now.to_string(), "l3-big"]);
+
+    // Act
+    let refused = turnstore(&[], &redis);
+    let migrated = turnstore(&["migrate"], &redis);
+
+    // Assert: the report, and what the old keys became.
+    assert!(!refused.status.success());
+    let stdout = String::from_utf8_lossy(&migrated.stdout);
+    assert!(
+        migrated.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        "0004_budget_without_loading: 3 sessions, 305 records rewritten, 0 conflicts\n\
+         layout 3 -> 4"
+    );
+    assert_eq!(redis.cli(&["EXISTS", "turnstore:user:l3-user"]).trim(), "0");
+    assert_eq!(redis.cli(&["EXISTS", "turnstore:{l3-big}:o"]).trim(), "0");
+    let ttl: i64 = redis
+        .cli(&["PTTL", "turnstore:{l3-big}:s"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(ttl > 0 && ttl <= 600_000, "{ttl}");
+
+    // The sessions serve as before.
+    let ts = Turnstore::spawn(&[("TURNSTORE_REDIS_URL", redis.url())]);
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let req = http.get(format!("{}{path}", ts.base()));
+        async move {
+            let res = req.send().await.unwrap();
+            assert_eq!(res.status(), 200);
+            res.json::<Value>().await.unwrap()
+        }
+    };
+    let h = get("/v1/sessions/l3-a/history").await;
+    let expected = format!(
+        "### Conversation history:\nUser: {}\nAssistant: {}\n\nUser: Second?\nAssistant: Yes.",
+        first.start.user_query, first.end.final_answer
+    );
+    assert_eq!(h["rendered"], expected.as_str(), "{}", ts.log());
+    assert_eq!(h["token_count"], Encoding::O200kBase.count(&expected));
+    assert_eq!(
+        (h["pending_turns"].clone(), h["stopped_by"].clone()),
+        (json!(1), json!(null))
+    );
+    let whole =
+        get("/v1/sessions/l3-big/history?limit=1000&max_tokens=10000000&format=turns").await;
+    assert_eq!(whole["included_turns"], 300);
+    assert_eq!(whole["turns"][299]["seq"], 300);
+    assert_eq!(whole["turns"][0]["user_query"], "question 1");
+    let tail =
+        get("/v1/sessions/l3-big/history?limit=2&format=messages&encoding=cl100k_base").await;
+    let counted: usize = tail["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Encoding::Cl100kBase.count(m["content"].as_str().unwrap()) as usize + 4)
+        .sum();
+    assert_eq!(tail["token_count"], counted);
+
+    let finalize = |id: TurnId| {
+        let req = http
+            .post(format!(
+                "{}/v1/sessions/l3-a/turns/{id}/finalize",
+                ts.base()
+            ))
+            .json(&json!({"final_answer": "Now closed."}));
+        async move { req.send().await.unwrap().status() }
+    };
+    assert_eq!(finalize(open.turn_id).await, 200);
+    assert_eq!(finalize(stale.turn_id).await, 404);
+    for key in ["key-1", "key-3"] {
+        let reused = http
+            .post(format!("{}/v1/turns", ts.base()))
+            .header("idempotency-key", key)
+            .json(&json!({"session_id": "l3-a", "user_query": "another body"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reused.status(), 422, "{key} still names its turn");
+    }
+    let list = get("/v1/users/l3-user/sessions").await;
+    let mut listed: Vec<&str> = list["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap())
+        .collect();
+    listed.sort_unstable();
+    assert_eq!(listed, ["l3-a", "l3-big", "l3-unlisted"]);
 }

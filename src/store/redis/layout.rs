@@ -4,25 +4,37 @@
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
-use super::{Conn, RedisStore, Target};
-use crate::store::StoreError;
+use super::RedisStore;
+use super::conn::{Conn, Target};
+use crate::store::{INDEX_SKEW, StoreError, ms};
+use crate::turn::now_millis;
 
 /// The layout this build reads and writes.
-pub const LAYOUT: u32 = 3;
+pub const LAYOUT: u32 = 4;
 
 /// Key suffixes of a session's six keys, per layout (index = layout - 1).
-const SUFFIXES: [[&str; 6]; 3] = [
+const SUFFIXES: [[&str; 6]; 4] = [
     ["meta", "turns", "order", "pending", "deadlines", "idem"],
     ["m", "t", "o", "p", "d", "i"],
     ["m", "t", "o", "p", "d", "i"],
+    ["h", "r", "s", "q", "x", "k"],
 ];
 
 pub fn session_suffixes(layout: u32) -> [&'static str; 6] {
     SUFFIXES[(layout as usize).clamp(1, SUFFIXES.len()) - 1]
 }
 
-/// A migration's script runs once per session with the session's keys in
-/// the old layout, then in the new one, and returns `{changes, conflicts}`.
+/// How a migration's script runs per session, with the session's keys in
+/// the old layout, then in the new one.
+enum Run {
+    /// Once; it returns `{changes, conflicts}`.
+    Once,
+    /// Page by page (`{status, changes, owner, ix}`, see migration 0004),
+    /// indexing the owner before the session is finished; then the old
+    /// user indexes are dropped.
+    Paged,
+}
+
 struct Migration {
     /// The layout it produces.
     to: u32,
@@ -30,6 +42,7 @@ struct Migration {
     /// What its changes are, for the report.
     changes: &'static str,
     script: &'static str,
+    run: Run,
 }
 
 const MIGRATIONS: &[Migration] = &[
@@ -38,12 +51,21 @@ const MIGRATIONS: &[Migration] = &[
         name: "0002_short_session_keys",
         changes: "keys moved",
         script: include_str!("../../../migrations/0002_short_session_keys.lua"),
+        run: Run::Once,
     },
     Migration {
         to: 3,
         name: "0003_compact_turn_records",
         changes: "records rewritten",
         script: include_str!("../../../migrations/0003_compact_turn_records.lua"),
+        run: Run::Once,
+    },
+    Migration {
+        to: 4,
+        name: "0004_budget_without_loading",
+        changes: "records rewritten",
+        script: include_str!("../../../migrations/0004_budget_without_loading.lua"),
+        run: Run::Paged,
     },
 ];
 
@@ -78,25 +100,17 @@ pub struct MigrateStep {
 
 const BATCH: u32 = 500;
 
+/// A master's address; `None` for a standalone Redis.
+type Node = Option<(String, u16)>;
+
 impl RedisStore {
-    fn layout_key(&self) -> String {
-        format!("{}:layout", self.prefix)
-    }
-
-    async fn query<T: redis::FromRedisValue + Send + 'static>(
-        &self,
-        cmd: redis::Cmd,
-    ) -> Result<T, StoreError> {
-        self.with_conn(|mut conn| async move { cmd.query_async::<T>(&mut conn).await })
-            .await
-    }
-
     /// The masters' addresses: one for a standalone Redis.
-    async fn masters(&self) -> Result<Vec<Option<(String, u16)>>, StoreError> {
-        if matches!(self.target, Target::Standalone(_)) {
+    async fn masters(&self) -> Result<Vec<Node>, StoreError> {
+        if matches!(self.conn.target, Target::Standalone(_)) {
             return Ok(vec![None]);
         }
         let slots: Vec<Value> = self
+            .conn
             .query(redis::cmd("CLUSTER").arg("SLOTS").clone())
             .await?;
         let mut masters = Vec::new();
@@ -122,7 +136,7 @@ impl RedisStore {
     /// One SCAN page on one master: (next cursor, keys).
     async fn scan_page(
         &self,
-        node: &Option<(String, u16)>,
+        node: &Node,
         cursor: u64,
         pattern: &str,
     ) -> Result<(u64, Vec<String>), StoreError> {
@@ -133,23 +147,26 @@ impl RedisStore {
             .arg("COUNT")
             .arg(BATCH);
         let node = node.clone();
-        self.with_conn(|conn| async move {
-            match (conn, node) {
-                (Conn::Cluster(mut c), Some((host, port))) => {
-                    let routing =
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                    let v = c.route_command(cmd, routing).await?;
-                    Ok(redis::from_redis_value(v)?)
+        self.conn
+            .with_conn(|conn| async move {
+                match (conn, node) {
+                    (Conn::Cluster(mut c), Some((host, port))) => {
+                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host,
+                            port,
+                        });
+                        let v = c.route_command(cmd, routing).await?;
+                        Ok(redis::from_redis_value(v)?)
+                    }
+                    (mut conn, _) => cmd.query_async(&mut conn).await,
                 }
-                (mut conn, _) => cmd.query_async(&mut conn).await,
-            }
-        })
-        .await
+            })
+            .await
     }
 
     /// Sessions of layout 1 exist: some `P:{*}:meta` key, on any master.
     async fn has_layout_1_data(&self) -> Result<bool, StoreError> {
-        let pattern = format!("{}:{{*}}:{}", self.prefix, session_suffixes(1)[0]);
+        let pattern = format!("{}:{{*}}:{}", self.keys.prefix(), session_suffixes(1)[0]);
         for node in self.masters().await? {
             let mut cursor = 0;
             loop {
@@ -169,7 +186,8 @@ impl RedisStore {
     /// The stored layout; `None` for a store with no turnstore data yet.
     pub async fn stored_layout(&self) -> Result<Option<u32>, StoreError> {
         let v: Option<u32> = self
-            .query(redis::cmd("GET").arg(self.layout_key()).clone())
+            .conn
+            .query(redis::cmd("GET").arg(self.keys.layout()).clone())
             .await?;
         match v {
             Some(v) => Ok(Some(v)),
@@ -177,6 +195,16 @@ impl RedisStore {
             None if self.has_layout_1_data().await? => Ok(Some(1)),
             None => Ok(None),
         }
+    }
+
+    /// Marks a store with no turnstore data as being in this layout.
+    async fn mark_fresh(&self) -> Result<(), StoreError> {
+        let cmd = redis::cmd("SET")
+            .arg(self.keys.layout())
+            .arg(LAYOUT)
+            .arg("NX")
+            .clone();
+        self.conn.query::<Value>(cmd).await.map(|_| ())
     }
 
     /// Checks that this build can serve the stored layout; records it on a
@@ -187,12 +215,7 @@ impl RedisStore {
             Some(found) if found < LAYOUT => Err(LayoutError::Older { found }),
             Some(_) => Ok(()),
             None => {
-                let cmd = redis::cmd("SET")
-                    .arg(self.layout_key())
-                    .arg(LAYOUT)
-                    .arg("NX")
-                    .clone();
-                self.query::<Value>(cmd).await?;
+                self.mark_fresh().await?;
                 // Another instance may have set it first: read it back.
                 match self.stored_layout().await? {
                     Some(LAYOUT) => Ok(()),
@@ -219,18 +242,13 @@ impl RedisStore {
         };
         for m in MIGRATIONS.iter().filter(|m| m.to > from) {
             report.steps.push(self.apply(m, &progress).await?);
-            let cmd = redis::cmd("SET").arg(self.layout_key()).arg(m.to).clone();
-            self.query::<Value>(cmd).await?;
+            let cmd = redis::cmd("SET").arg(self.keys.layout()).arg(m.to).clone();
+            self.conn.query::<Value>(cmd).await?;
             report.to = m.to;
             progress(&format!("{}: layout is now {}", m.name, m.to));
         }
         if report.from == report.to {
-            let cmd = redis::cmd("SET")
-                .arg(self.layout_key())
-                .arg(LAYOUT)
-                .arg("NX")
-                .clone();
-            self.query::<Value>(cmd).await?;
+            self.mark_fresh().await?;
         }
         Ok(report)
     }
@@ -248,14 +266,16 @@ impl RedisStore {
         };
         let script = redis::Script::new(m.script);
         let (old, new) = (session_suffixes(m.to - 1), session_suffixes(m.to));
-        let pattern = format!("{}:{{*}}:{}", self.prefix, old[0]);
+        let prefix = self.keys.prefix();
+        let pattern = format!("{prefix}:{{*}}:{}", old[0]);
         for node in self.masters().await? {
             let node_name = node
                 .as_ref()
                 .map(|(h, p)| format!("{h}:{p}"))
                 .unwrap_or_else(|| "standalone".into());
-            let cursor_key = format!("{}:migration:{}:{node_name}", self.prefix, m.to);
+            let cursor_key = format!("{prefix}:migration:{}:{node_name}", m.to);
             let saved: Option<u64> = self
+                .conn
                 .query(redis::cmd("GET").arg(&cursor_key).clone())
                 .await?;
             let mut cursor = saved.unwrap_or(0);
@@ -269,19 +289,21 @@ impl RedisStore {
                 let (next, keys) = self.scan_page(&node, cursor, &pattern).await?;
                 for key in &keys {
                     let Some(session) = key
-                        .strip_prefix(&format!("{}:{{", self.prefix))
+                        .strip_prefix(&format!("{prefix}:{{"))
                         .and_then(|k| k.strip_suffix(&format!("}}:{}", old[0])))
                     else {
                         continue;
                     };
-                    let base = format!("{}:{{{session}}}:", self.prefix);
-                    let mut inv = script.prepare_invoke();
-                    for suffix in old.iter().chain(new.iter()) {
-                        inv.key(format!("{base}{suffix}"));
-                    }
-                    let (changes, conflicts): (u64, u64) = self
-                        .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
-                        .await?;
+                    let base = format!("{prefix}:{{{session}}}:");
+                    let keys: Vec<String> = old
+                        .iter()
+                        .chain(new.iter())
+                        .map(|s| format!("{base}{s}"))
+                        .collect();
+                    let (changes, conflicts) = match m.run {
+                        Run::Once => self.migrate_once(&script, &keys).await?,
+                        Run::Paged => (self.migrate_paged(&script, &keys, session).await?, 0),
+                    };
                     report.sessions += 1;
                     report.changes.0 += changes;
                     report.conflicts += conflicts;
@@ -291,15 +313,102 @@ impl RedisStore {
                 }
                 cursor = next;
                 let save = redis::cmd("SET").arg(&cursor_key).arg(cursor).clone();
-                self.query::<Value>(save).await?;
+                self.conn.query::<Value>(save).await?;
                 progress(&format!(
                     "{}: {node_name}: {} sessions so far",
                     m.name, report.sessions
                 ));
             }
-            self.query::<Value>(redis::cmd("DEL").arg(&cursor_key).clone())
+            self.conn
+                .query::<Value>(redis::cmd("DEL").arg(&cursor_key).clone())
                 .await?;
         }
+        if let Run::Paged = m.run {
+            let dropped = self.drop_keys(&format!("{prefix}:user:*")).await?;
+            progress(&format!("{}: {dropped} old user indexes dropped", m.name));
+        }
         Ok(report)
+    }
+
+    async fn invoke<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, StoreError> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        self.conn
+            .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
+            .await
+    }
+
+    async fn migrate_once(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+    ) -> Result<(u64, u64), StoreError> {
+        self.invoke(script, keys, Vec::new()).await
+    }
+
+    /// Runs a paged migration on one session until it is done, indexing
+    /// its owner before the last call (the index is never behind).
+    async fn migrate_paged(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        session: &str,
+    ) -> Result<u64, StoreError> {
+        let horizon = ms(self.limits.index_horizon());
+        let mut changes = 0;
+        let mut finish = false;
+        loop {
+            let a = super::scripts::args![now_millis(), horizon, if finish { "1" } else { "0" }];
+            let (status, n, owner, ix): (String, u64, String, i64) =
+                self.invoke(script, keys, a).await?;
+            changes += n;
+            match status.as_str() {
+                "more" => {}
+                "ready" => {
+                    if !owner.is_empty() {
+                        let now = now_millis();
+                        let a = super::scripts::args![session, now, ix, 0, ms(INDEX_SKEW)];
+                        let _: i64 = self
+                            .invoke(&self.scripts.index_add, &[self.keys.user_index(&owner)], a)
+                            .await?;
+                    }
+                    finish = true;
+                }
+                _ => return Ok(changes),
+            }
+        }
+    }
+
+    /// UNLINKs every key matching `pattern`, on every master.
+    async fn drop_keys(&self, pattern: &str) -> Result<u64, StoreError> {
+        let mut dropped = 0;
+        for node in self.masters().await? {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.scan_page(&node, cursor, pattern).await?;
+                for key in keys {
+                    let _: i64 = self
+                        .conn
+                        .query(redis::cmd("UNLINK").arg(key).clone())
+                        .await?;
+                    dropped += 1;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(dropped)
     }
 }

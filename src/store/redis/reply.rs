@@ -1,4 +1,6 @@
-//! Reading the arrays the Lua scripts return, without panicking on surprises.
+//! Reading the arrays the Lua scripts return, without panicking on
+//! surprises. Each script's reply becomes a named struct where the script
+//! is called; this is what they read it with.
 
 use std::collections::VecDeque;
 
@@ -17,7 +19,7 @@ impl Reply {
     pub fn array(v: Value) -> Result<Self, StoreError> {
         match v {
             Value::Array(items) => Ok(Reply(items.into())),
-            other => Err(corrupt(format!("expected an array, got {other:?}"))),
+            other => Err(corrupt(format!("expected an array, got {}", kind(&other)))),
         }
     }
 
@@ -27,21 +29,28 @@ impl Reply {
             .ok_or_else(|| corrupt("script reply too short"))
     }
 
-    pub fn string_of(v: Value) -> Result<String, StoreError> {
-        Self::opt_string_of(v)?.ok_or_else(|| corrupt("expected a string, got nil"))
-    }
-
-    pub fn opt_string_of(v: Value) -> Result<Option<String>, StoreError> {
+    pub fn opt_bytes_of(v: Value) -> Result<Option<Vec<u8>>, StoreError> {
         match v {
             Value::Nil => Ok(None),
-            Value::BulkString(b) => String::from_utf8(b)
-                .map(Some)
-                .map_err(|_| corrupt("a reply is not UTF-8")),
-            Value::SimpleString(s) => Ok(Some(s)),
-            Value::Okay => Ok(Some("OK".into())),
-            Value::Int(i) => Ok(Some(i.to_string())),
-            other => Err(corrupt(format!("expected a string, got {other:?}"))),
+            Value::BulkString(b) => Ok(Some(b)),
+            Value::SimpleString(s) => Ok(Some(s.into_bytes())),
+            Value::Okay => Ok(Some(b"OK".to_vec())),
+            Value::Int(i) => Ok(Some(i.to_string().into_bytes())),
+            other => Err(corrupt(format!("expected a string, got {}", kind(&other)))),
         }
+    }
+
+    pub fn bytes_of(v: Value) -> Result<Vec<u8>, StoreError> {
+        Self::opt_bytes_of(v)?.ok_or_else(|| corrupt("expected a string, got nil"))
+    }
+
+    pub fn string_of(v: Value) -> Result<String, StoreError> {
+        String::from_utf8(Self::bytes_of(v)?).map_err(|_| corrupt("a reply is not UTF-8"))
+    }
+
+    pub fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
+        let v = self.next()?;
+        Self::bytes_of(v)
     }
 
     pub fn string(&mut self) -> Result<String, StoreError> {
@@ -49,14 +58,9 @@ impl Reply {
         Self::string_of(v)
     }
 
-    pub fn opt_string(&mut self) -> Result<Option<String>, StoreError> {
-        let v = self.next()?;
-        Self::opt_string_of(v)
-    }
-
     /// The session owner: `''` stands for none.
     pub fn owner(&mut self) -> Result<Option<String>, StoreError> {
-        Ok(self.opt_string()?.filter(|s| !s.is_empty()))
+        Ok(Some(self.string()?).filter(|s| !s.is_empty()))
     }
 
     pub fn int(&mut self) -> Result<i64, StoreError> {
@@ -75,7 +79,19 @@ impl Reply {
     pub fn list(&mut self) -> Result<Vec<Value>, StoreError> {
         match self.next()? {
             Value::Array(items) => Ok(items),
-            other => Err(corrupt(format!("expected an array, got {other:?}"))),
+            other => Err(corrupt(format!("expected an array, got {}", kind(&other)))),
         }
+    }
+}
+
+/// What a value is, without its contents (they may be a user's text).
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Nil => "nil",
+        Value::Int(_) => "an integer",
+        Value::BulkString(_) | Value::SimpleString(_) | Value::Okay => "a string",
+        Value::Array(_) => "an array",
+        Value::ServerError(_) => "an error",
+        _ => "another type",
     }
 }

@@ -1,4 +1,4 @@
--- ARGV: 1 now, 2 turn_id. Returns 'pending' | 'finalized' | 'not_found'
+-- ARGV: 1 now, 2 turn id. Returns 'pending' | 'finalized' | 'not_found'
 local now = tonumber(ARGV[1])
 local tid = ARGV[2]
 local deadline = redis.call('ZSCORE', KEYS[5], tid)
@@ -6,14 +6,15 @@ if deadline then
   local rec = redis.call('HGET', KEYS[4], tid)
   redis.call('HDEL', KEYS[4], tid)
   redis.call('ZREM', KEYS[5], tid)
-  if rec then drop_key(idem_key_of(rec), tid) end
+  if rec then drop_key(key_of(rec, 3), tid) end
   if rec and tonumber(deadline) > now then return 'pending' end
 end
 local rec = redis.call('HGET', KEYS[2], tid)
 if rec then
-  drop_key(idem_key_of(rec), tid)
+  drop_key(key_of(rec, 4), tid)
   redis.call('HDEL', KEYS[2], tid)
-  redis.call('ZREM', KEYS[3], tid)
+  local seq = string.match(rec, '^(%d+)')
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], seq, seq)
   return 'finalized'
 end
 return 'not_found'

@@ -1,5 +1,5 @@
 -- Read-only. ARGV: 1 now
--- Returns false | {owner, created_at, last_active_at, turn_count, pending_count, pttl}
+-- Returns false | {owner or '', created_at, last_active_at, turn_count, pending_count, pttl}
 local m = redis.call('HMGET', KEYS[1], 'user_id', 'created_at', 'last_active_at')
 if not m[2] then return false end
 return {m[1] or '', m[2], m[3] or m[2], redis.call('ZCARD', KEYS[3]),

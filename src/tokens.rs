@@ -43,8 +43,20 @@ impl Encoding {
         Encoding::R50kBase,
     ];
 
-    fn is_default(&self) -> bool {
-        *self == Encoding::default()
+    /// One letter per encoding, as the Redis store records it.
+    pub fn code(self) -> u8 {
+        match self {
+            Encoding::O200kBase => b'o',
+            Encoding::O200kHarmony => b'h',
+            Encoding::Cl100kBase => b'c',
+            Encoding::P50kBase => b'p',
+            Encoding::P50kEdit => b'e',
+            Encoding::R50kBase => b'r',
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.code() == code)
     }
 
     pub fn name(self) -> &'static str {
@@ -108,34 +120,53 @@ impl Encoding {
 }
 
 /// Counts of a question, taken at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueryTokens {
-    /// Left out of stored records when it is `o200k_base`.
-    #[serde(rename = "e", default, skip_serializing_if = "Encoding::is_default")]
     pub encoding: Encoding,
     /// `q` alone (the `messages` rendering).
-    #[serde(rename = "q")]
     pub query: u32,
     /// `"User: q\n"`.
-    #[serde(rename = "u")]
     pub user_line: u32,
 }
 
 /// Counts of an answer, taken at finalize.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AnswerTokens {
-    /// Left out of stored records when it is `o200k_base`.
-    #[serde(rename = "e", default, skip_serializing_if = "Encoding::is_default")]
     pub encoding: Encoding,
     /// `a` alone (the `messages` rendering).
-    #[serde(rename = "a")]
     pub answer: u32,
     /// `"Assistant: a\n\n"`: a block followed by another.
-    #[serde(rename = "s")]
     pub assistant_sep: u32,
     /// `"Assistant: a"`: the newest block.
-    #[serde(rename = "l")]
     pub assistant_last: u32,
+}
+
+/// What the budget rule needs of a finalized turn: its counts and sizes.
+/// Stores keep it beside the turn, so that a read can budget without
+/// loading the turns it does not return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnCosts {
+    pub query: QueryTokens,
+    pub answer: AnswerTokens,
+    /// UTF-8 bytes of the question and of the answer.
+    pub query_bytes: u32,
+    pub answer_bytes: u32,
+}
+
+impl TurnCosts {
+    pub fn new(
+        query: &str,
+        tokens: QueryTokens,
+        answer: &str,
+        answer_tokens: AnswerTokens,
+    ) -> Self {
+        TurnCosts {
+            query: tokens,
+            answer: answer_tokens,
+            query_bytes: u32::try_from(query.len()).unwrap_or(u32::MAX),
+            answer_bytes: u32::try_from(answer.len()).unwrap_or(u32::MAX),
+        }
+    }
 }
 
 impl QueryTokens {
@@ -236,6 +267,9 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", e.name()));
         }
         assert_eq!(Encoding::from_name("gpt-4o"), None);
+        for e in Encoding::ALL {
+            assert_eq!(Encoding::from_code(e.code()), Some(e));
+        }
     }
 
     #[test]

@@ -1,0 +1,466 @@
+//! The budget rule of API.md: which finalized turns a history returns.
+//!
+//! Candidates are offered newest first (after the reserved first turn, with
+//! `keep_first`). Each is kept whole or stops the selection, so the result is
+//! the newest run with no gap. A store feeds candidates one at a time and
+//! stops at the first refusal: a read costs what it returns, plus one turn.
+
+use crate::domain::TurnId;
+use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
+use crate::turn::Millis;
+
+/// Per-message overhead of the `messages` rendering, in tokens.
+pub const MESSAGE_OVERHEAD: u32 = 4;
+pub const TRUNCATION_MARK: &str = " [truncated]";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    Text,
+    Messages,
+    Turns,
+}
+
+impl Format {
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Text => "text",
+            Format::Messages => "messages",
+            Format::Turns => "turns",
+        }
+    }
+}
+
+/// The bound that stopped a selection before every candidate was in it.
+/// When several stop it at the same turn, the first of these names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoppedBy {
+    Limit,
+    MaxTokens,
+    MaxBytes,
+}
+
+impl StoppedBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            StoppedBy::Limit => "limit",
+            StoppedBy::MaxTokens => "max_tokens",
+            StoppedBy::MaxBytes => "max_bytes",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [StoppedBy::Limit, StoppedBy::MaxTokens, StoppedBy::MaxBytes]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+}
+
+/// What one read asks for; every field already validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// At most this many turns (the reserved first one included).
+    pub limit: usize,
+    pub max_tokens: u32,
+    /// At most this many UTF-8 bytes of contents, as rendered.
+    pub max_bytes: u64,
+    pub format: Format,
+    pub encoding: Encoding,
+    pub max_query_chars: Option<usize>,
+    pub max_answer_chars: Option<usize>,
+    pub keep_first: bool,
+    /// Candidates are the finalized turns with `after_seq < seq <= through_seq`.
+    pub after_seq: u64,
+    pub through_seq: u64,
+}
+
+/// A text as a read sees it: whole, or only its beginning when the read
+/// truncates it and the text is longer than the truncation keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Content {
+    pub text: String,
+    pub whole: bool,
+}
+
+/// How many bytes of a text a read truncating it to `max_chars` characters
+/// needs: `max_chars + 1` characters take at most four bytes each, and one
+/// character past the cut tells that there was a cut.
+pub fn needed_bytes(max_chars: usize) -> usize {
+    max_chars.saturating_add(1).saturating_mul(4)
+}
+
+impl Content {
+    pub fn whole(text: impl Into<String>) -> Self {
+        Content {
+            text: text.into(),
+            whole: true,
+        }
+    }
+
+    /// What a read truncating to `max_chars` needs of `text`.
+    pub fn for_read(text: &str, max_chars: Option<usize>) -> Self {
+        match max_chars.map(needed_bytes) {
+            Some(n) if text.len() > n => {
+                let mut cut = n;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                Content {
+                    text: text[..cut].to_owned(),
+                    whole: false,
+                }
+            }
+            _ => Content::whole(text),
+        }
+    }
+
+    /// The first bytes of a text of `full_len` bytes, maybe cut inside a
+    /// character (the cut character is dropped). `None` if not UTF-8.
+    pub fn from_prefix(mut bytes: Vec<u8>, full_len: usize) -> Option<Self> {
+        let whole = bytes.len() >= full_len;
+        if !whole && let Err(e) = std::str::from_utf8(&bytes) {
+            if e.error_len().is_some() {
+                return None;
+            }
+            bytes.truncate(e.valid_up_to());
+        }
+        String::from_utf8(bytes)
+            .ok()
+            .map(|text| Content { text, whole })
+    }
+}
+
+/// A finalized turn offered to a selection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub turn_id: TurnId,
+    pub seq: u64,
+    pub started_at: Millis,
+    pub finalized_at: Millis,
+    pub user_query: Content,
+    pub final_answer: Content,
+    /// As stored: they hold for whole contents in their own encodings.
+    pub costs: TurnCosts,
+}
+
+/// A turn as it goes into the history: its contents may be truncated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelectedTurn {
+    pub turn_id: TurnId,
+    pub seq: u64,
+    pub started_at: Millis,
+    pub finalized_at: Millis,
+    pub user_query: String,
+    pub final_answer: String,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// Oldest first.
+    pub turns: Vec<SelectedTurn>,
+    /// Exact count of the rendering, under the read's encoding.
+    pub token_count: u32,
+    /// UTF-8 bytes of the contents, as rendered.
+    pub bytes: u64,
+    pub stopped_by: Option<StoppedBy>,
+}
+
+/// What a turn costs: followed by another turn (`inner`) or as the newest
+/// (`last`); the two differ in `text` by the blank line between blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cost {
+    pub inner: u32,
+    pub last: u32,
+    pub bytes: u64,
+}
+
+impl Cost {
+    pub fn of(format: Format, q: &QueryTokens, a: &AnswerTokens, bytes: u64) -> Self {
+        let (inner, last) = match format {
+            Format::Text | Format::Turns => (
+                q.user_line + a.assistant_sep,
+                q.user_line + a.assistant_last,
+            ),
+            Format::Messages => {
+                let both = q.query + a.answer + 2 * MESSAGE_OVERHEAD;
+                (both, both)
+            }
+        };
+        Cost { inner, last, bytes }
+    }
+}
+
+/// The running cost of a selection. Total = header + `inner_sum` + the
+/// newest turn's `last`; every other chosen turn counts at its `inner`.
+/// The Redis store's Lua walk keeps the same state (see `common.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetState {
+    /// Turns that may still be chosen.
+    pub room: usize,
+    pub inner_sum: u64,
+    /// `(inner, last)` of the newest chosen turn.
+    pub newest: Option<(u32, u32)>,
+    /// The next turn chosen becomes the newest: nothing is chosen yet, or
+    /// only the reserved first turn, older than every other candidate.
+    pub newest_may_change: bool,
+    pub bytes: u64,
+}
+
+/// Selects among candidates offered one at a time.
+#[derive(Debug)]
+pub struct Selector {
+    opts: Options,
+    header: u32,
+    state: BudgetState,
+    first: Option<SelectedTurn>,
+    /// Newest first.
+    chosen: Vec<SelectedTurn>,
+    stopped: Option<StoppedBy>,
+}
+
+impl Selector {
+    pub fn new(opts: &Options) -> Self {
+        let header = match opts.format {
+            Format::Text | Format::Turns => opts.encoding.header_count(),
+            Format::Messages => 0,
+        };
+        Selector {
+            opts: opts.clone(),
+            header,
+            state: BudgetState {
+                room: opts.limit,
+                inner_sum: 0,
+                newest: None,
+                newest_may_change: true,
+                bytes: 0,
+            },
+            first: None,
+            chosen: Vec::new(),
+            stopped: None,
+        }
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    /// The header's count under the read's encoding (0 for `messages`).
+    pub fn header(&self) -> u32 {
+        self.header
+    }
+
+    pub fn state(&self) -> BudgetState {
+        self.state
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.is_some()
+    }
+
+    /// With `keep_first`: the oldest candidate, offered before the others.
+    /// If it does not fit, nothing is returned (`false`).
+    pub fn reserve_first(&mut self, c: Candidate) -> bool {
+        let taken = self.offer(c);
+        if taken {
+            self.first = self.chosen.pop();
+            self.state.newest_may_change = true;
+        }
+        taken
+    }
+
+    /// Takes `c` if it fits; otherwise the selection stops (`false`).
+    pub fn offer(&mut self, c: Candidate) -> bool {
+        if self.stopped.is_some() {
+            return false;
+        }
+        if self.state.room == 0 {
+            self.stopped = Some(StoppedBy::Limit);
+            return false;
+        }
+        let (turn, cost) = self.measure(c);
+        if let Err(why) = self.fits(cost) {
+            self.stopped = Some(why);
+            return false;
+        }
+        let s = &mut self.state;
+        if s.newest_may_change {
+            if let Some((inner, _)) = s.newest {
+                s.inner_sum += u64::from(inner);
+            }
+            s.newest = Some((cost.inner, cost.last));
+            s.newest_may_change = false;
+        } else {
+            s.inner_sum += u64::from(cost.inner);
+        }
+        s.bytes += cost.bytes;
+        s.room -= 1;
+        self.chosen.push(turn);
+        true
+    }
+
+    /// A store saw the next candidate and knows it does not fit.
+    pub fn stop(&mut self, why: StoppedBy) {
+        self.stopped.get_or_insert(why);
+    }
+
+    pub fn finish(self) -> Selection {
+        let token_count = match self.state.newest {
+            None => 0,
+            Some((_, last)) => {
+                let total = u64::from(self.header) + self.state.inner_sum + u64::from(last);
+                u32::try_from(total).unwrap_or(u32::MAX)
+            }
+        };
+        let mut turns: Vec<SelectedTurn> = self.first.into_iter().collect();
+        turns.extend(self.chosen.into_iter().rev());
+        Selection {
+            turns,
+            token_count,
+            bytes: self.state.bytes,
+            stopped_by: self.stopped,
+        }
+    }
+
+    fn fits(&self, cost: Cost) -> Result<(), StoppedBy> {
+        let s = &self.state;
+        let total = u64::from(self.header)
+            + s.inner_sum
+            + if s.newest_may_change {
+                s.newest.map_or(0, |(inner, _)| u64::from(inner)) + u64::from(cost.last)
+            } else {
+                u64::from(cost.inner) + s.newest.map_or(0, |(_, last)| u64::from(last))
+            };
+        if total > u64::from(self.opts.max_tokens) {
+            return Err(StoppedBy::MaxTokens);
+        }
+        if s.bytes + cost.bytes > self.opts.max_bytes {
+            return Err(StoppedBy::MaxBytes);
+        }
+        Ok(())
+    }
+
+    /// Truncates the contents and counts what the stored counts do not cover.
+    fn measure(&self, c: Candidate) -> (SelectedTurn, Cost) {
+        let enc = self.opts.encoding;
+        let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
+        let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
+        let q = match c.costs.query {
+            t if t.encoding == enc && !query_cut => t,
+            _ => QueryTokens::count(enc, &user_query),
+        };
+        let a = match c.costs.answer {
+            t if t.encoding == enc && !answer_cut => t,
+            _ => AnswerTokens::count(enc, &final_answer),
+        };
+        let bytes = (user_query.len() + final_answer.len()) as u64;
+        let cost = Cost::of(self.opts.format, &q, &a, bytes);
+        let turn = SelectedTurn {
+            turn_id: c.turn_id,
+            seq: c.seq,
+            started_at: c.started_at,
+            finalized_at: c.finalized_at,
+            user_query,
+            final_answer,
+            truncated: query_cut || answer_cut,
+        };
+        (turn, cost)
+    }
+}
+
+/// Keeps the first `max_chars` Unicode scalar values and marks the cut. A
+/// content that is only a beginning holds more than `max_chars` of them.
+fn truncate(content: Content, max_chars: Option<usize>) -> (String, bool) {
+    let Some(max) = max_chars else {
+        return (content.text, false);
+    };
+    match content.text.char_indices().nth(max) {
+        None => (content.text, false),
+        Some((cut, _)) => {
+            let mut s = content.text;
+            s.truncate(cut);
+            s.push_str(TRUNCATION_MARK);
+            (s, true)
+        }
+    }
+}
+
+/// The whole rule over candidates held in order, oldest first: the first
+/// is reserved with `keep_first`, then the rest are offered newest first.
+/// Candidates are built only as they are offered.
+pub fn select<I>(mut candidates: I, opts: &Options) -> Selection
+where
+    I: DoubleEndedIterator<Item = Candidate>,
+{
+    let mut s = Selector::new(opts);
+    if opts.keep_first
+        && let Some(first) = candidates.next()
+        && !s.reserve_first(first)
+    {
+        return s.finish();
+    }
+    for c in candidates.rev() {
+        if !s.offer(c) {
+            break;
+        }
+    }
+    s.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_keep_enough_characters_to_see_the_cut() {
+        let text = "🙂".repeat(10);
+        let c = Content::for_read(&text, Some(3));
+        assert!(!c.whole);
+        assert_eq!(c.text.chars().count(), 4);
+        let (cut, truncated) = truncate(c, Some(3));
+        assert!(truncated);
+        assert_eq!(cut, format!("🙂🙂🙂{TRUNCATION_MARK}"));
+
+        let short = Content::for_read("abc", Some(3));
+        assert!(short.whole);
+        assert_eq!(truncate(short, Some(3)), ("abc".into(), false));
+    }
+
+    #[test]
+    fn a_prefix_cut_inside_a_character_drops_it() {
+        let text = "aé🙂b";
+        for cut in 0..text.len() {
+            let c = Content::from_prefix(text.as_bytes()[..cut].to_vec(), text.len()).unwrap();
+            assert!(!c.whole);
+            assert!(text.starts_with(&c.text));
+            assert!(c.text.len() + 3 >= cut);
+        }
+        let whole = Content::from_prefix(text.as_bytes().to_vec(), text.len()).unwrap();
+        assert!(whole.whole);
+        assert_eq!(Content::from_prefix(vec![0xff, b'a'], 5), None);
+    }
+
+    #[test]
+    fn a_prefix_of_needed_bytes_always_holds_one_character_more() {
+        for max in 0..6 {
+            for text in [
+                "",
+                "a",
+                "abcdefghijklmnop",
+                "🙂🙂🙂🙂🙂🙂🙂🙂",
+                "aé漢🙂aé漢🙂aé漢🙂",
+            ] {
+                let n = needed_bytes(max).min(text.len());
+                let mut cut = n;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let from_bytes =
+                    Content::from_prefix(text.as_bytes()[..n].to_vec(), text.len()).unwrap();
+                let for_read = Content::for_read(text, Some(max));
+                assert_eq!(from_bytes, for_read, "{text:?} {max}");
+                let expected = truncate(Content::whole(text), Some(max));
+                assert_eq!(truncate(for_read, Some(max)), expected, "{text:?} {max}");
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Connections: a few multiplexed connections to one Redis, or one
+//! multiplexed cluster connection; every call bounded by the store timeout.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, IntoConnectionInfo, RedisFuture, TlsCertificates, Value};
+
+use crate::store::{PoolStatus, StoreError};
+
+/// Where commands go. A cluster connection keeps a connection per node and
+/// follows MOVED/ASK by itself; it is made on first use and again after a
+/// failure it cannot recover from.
+pub(super) enum Target {
+    Standalone(Box<Standalone>),
+    Cluster(Box<ClusterTarget>),
+}
+
+/// `TURNSTORE_REDIS_POOL_SIZE` multiplexed connections, each connecting on
+/// first use and reconnecting by itself; requests take them in turn. Unlike
+/// a checkout pool, there is no health check per request: one operation is
+/// one round trip.
+pub(super) struct Standalone {
+    conns: Vec<ConnectionManager>,
+    /// Requests in flight on each connection, for the pool metrics.
+    in_flight: Vec<Arc<AtomicUsize>>,
+    next: AtomicUsize,
+}
+
+pub(super) struct ClusterTarget {
+    client: ClusterClient,
+    conn: tokio::sync::Mutex<Option<ClusterConnection>>,
+}
+
+/// Counts a request in flight on a connection while it lives.
+pub(super) struct InFlight(Arc<AtomicUsize>);
+
+impl InFlight {
+    fn new(counter: &Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection of either kind.
+pub(super) enum Conn {
+    Standalone {
+        conn: ConnectionManager,
+        /// Held, not read: it counts the request while the connection is used.
+        _in_flight: InFlight,
+    },
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Standalone { conn: c, .. } => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Standalone { conn: c, .. } => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Standalone { conn: c, .. } => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+pub(super) struct Connections {
+    pub(super) target: Target,
+    /// Bounds waiting for a connection plus the round trip.
+    timeout: Duration,
+}
+
+impl Connections {
+    /// Connects lazily, so the service starts (unready) while Redis is
+    /// still down. Errors never include the URL (it may hold a password).
+    pub fn new(
+        url: &str,
+        cluster_nodes: Vec<String>,
+        ca_pem: Option<Vec<u8>>,
+        pool_size: usize,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let invalid =
+            |e: redis::RedisError| format!("invalid Redis configuration ({:?})", e.kind());
+        let certs = ca_pem.map(|pem| TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        });
+        let target = if cluster_nodes.is_empty() {
+            let info = match certs {
+                None => url.into_connection_info().map_err(invalid)?,
+                Some(certs) => Client::build_with_tls(url, certs)
+                    .map_err(invalid)?
+                    .get_connection_info()
+                    .clone(),
+            };
+            let client = Client::open(info).map_err(invalid)?;
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_min_delay(Duration::from_millis(50))
+                .set_max_delay(timeout);
+            let conns = (0..pool_size.max(1))
+                .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid)?;
+            Target::Standalone(Box::new(Standalone {
+                in_flight: conns.iter().map(|_| Arc::default()).collect(),
+                conns,
+                next: AtomicUsize::new(0),
+            }))
+        } else {
+            let mut builder = ClusterClientBuilder::new(cluster_nodes)
+                .connection_timeout(timeout)
+                .response_timeout(timeout);
+            if let Some(certs) = certs {
+                builder = builder.certs(certs);
+            }
+            Target::Cluster(Box::new(ClusterTarget {
+                client: builder.build().map_err(invalid)?,
+                conn: tokio::sync::Mutex::new(None),
+            }))
+        };
+        Ok(Connections { target, timeout })
+    }
+
+    async fn connection(&self) -> Result<Conn, StoreError> {
+        match &self.target {
+            Target::Standalone(pool) => {
+                let i = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
+                Ok(Conn::Standalone {
+                    conn: pool.conns[i].clone(),
+                    _in_flight: InFlight::new(&pool.in_flight[i]),
+                })
+            }
+            Target::Cluster(cluster) => {
+                let mut slot = cluster.conn.lock().await;
+                if let Some(c) = slot.as_ref() {
+                    return Ok(Conn::Cluster(c.clone()));
+                }
+                let c = cluster.client.get_async_connection().await.map_err(|e| {
+                    StoreError::Unavailable(format!("no Redis Cluster connection: {e}"))
+                })?;
+                *slot = Some(c.clone());
+                Ok(Conn::Cluster(c))
+            }
+        }
+    }
+
+    /// After a failure the cluster connection cannot recover from, the next
+    /// request makes a new one.
+    fn forget_cluster_connection(&self) {
+        if let Target::Cluster(cluster) = &self.target
+            && let Ok(mut slot) = cluster.conn.try_lock()
+        {
+            *slot = None;
+        }
+    }
+
+    /// Runs `f` on a connection, bounded by the store timeout.
+    pub async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let work = async {
+            let conn = self.connection().await?;
+            f(conn).await.map_err(|e| {
+                if e.is_unrecoverable_error() {
+                    self.forget_cluster_connection();
+                }
+                StoreError::Unavailable(format!("Redis: {e}"))
+            })
+        };
+        tokio::time::timeout(self.timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "Redis did not answer within {:?}",
+                    self.timeout
+                )))
+            })
+    }
+
+    pub async fn query<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        cmd: redis::Cmd,
+    ) -> Result<T, StoreError> {
+        self.with_conn(|mut conn| async move { cmd.query_async::<T>(&mut conn).await })
+            .await
+    }
+
+    pub fn pool_status(&self) -> Option<PoolStatus> {
+        let Target::Standalone(pool) = &self.target else {
+            return None;
+        };
+        let busy: Vec<usize> = pool
+            .in_flight
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .collect();
+        Some(PoolStatus {
+            size: pool.conns.len(),
+            available: busy.iter().filter(|n| **n == 0).count(),
+            // Requests queued behind another on a multiplexed connection.
+            waiting: busy.iter().map(|n| n.saturating_sub(1)).sum(),
+        })
+    }
+}

@@ -1,0 +1,36 @@
+//! Every key name of the Redis store (layout 4; older layouts' names are in
+//! `layout.rs`, for the migrations).
+
+use super::layout::session_suffixes;
+
+pub(super) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: String) -> Self {
+        Keys { prefix }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `P:{S}:m`, `:t`, `:o`, `:p`, `:d`, `:i` and the fences `:f`, in the
+    /// order of KEYS in `lua/common.lua`: one hash tag, so one slot.
+    pub fn session(&self, session: &str) -> [String; 7] {
+        let base = format!("{}:{{{}}}:", self.prefix, session);
+        let [m, t, o, p, d, i] = session_suffixes(super::LAYOUT);
+        [m, t, o, p, d, i, "f"].map(|k| format!("{base}{k}"))
+    }
+
+    /// `P:u:U`: the user's index (another slot than their sessions').
+    pub fn user_index(&self, user: &str) -> String {
+        format!("{}:u:{}", self.prefix, user)
+    }
+
+    /// `P:layout`: the layout version.
+    pub fn layout(&self) -> String {
+        format!("{}:layout", self.prefix)
+    }
+}

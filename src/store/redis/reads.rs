@@ -1,0 +1,237 @@
+//! Reads: history pages (the walk of `lua/common.lua`, continued while the
+//! selection is open) and session info.
+
+use redis::Value;
+
+use super::RedisStore;
+use super::record;
+use super::reply::{Reply, corrupt};
+use super::scripts::args;
+use crate::domain::SessionId;
+use crate::history::{Candidate, Format, Options, Selector, StoppedBy};
+use crate::store::{SessionInfo, StoreError, StoredHistory};
+use crate::turn::Millis;
+
+/// The walk's arguments (see `walk_args` in `lua/common.lua`): the read's
+/// bounds and the selector's budget so far. `after`: lower seq bound;
+/// `before`: upper one (both excluded), `None` for the read's own.
+pub(super) fn walk_args(
+    sel: &Selector,
+    after: u64,
+    before: Option<u64>,
+    keep_first: bool,
+) -> Vec<Vec<u8>> {
+    let o = sel.options();
+    let s = sel.state();
+    let before = before
+        .or_else(|| o.through_seq.checked_add(1))
+        .map_or_else(|| "inf".to_owned(), |b| b.to_string());
+    let (newest_inner, newest_last) = s.newest.map_or((-1, 0), |(i, l)| (i64::from(i), l));
+    args![
+        after,
+        before,
+        s.room,
+        o.max_tokens,
+        o.max_bytes,
+        (o.encoding.code() as char).to_string(),
+        o.max_query_chars.unwrap_or(0),
+        o.max_answer_chars.unwrap_or(0),
+        if o.format == Format::Messages {
+            "0"
+        } else {
+            "1"
+        },
+        sel.header(),
+        if keep_first { "1" } else { "0" },
+        s.inner_sum,
+        newest_inner,
+        newest_last,
+        if s.newest_may_change { "1" } else { "0" },
+        s.bytes,
+    ]
+}
+
+/// One call's part of a walk: `{status, reason, next before, total, first
+/// or false, flat entries}` (see `walk` in `lua/common.lua`).
+pub(super) struct Page {
+    pub status: PageEnd,
+    /// Finalized turns among the candidates.
+    pub total: u64,
+    pub first: Option<Candidate>,
+    pub entries: Vec<Candidate>,
+}
+
+pub(super) enum PageEnd {
+    /// No candidate left.
+    Done,
+    /// Call again below this seq.
+    More(u64),
+    /// The next candidate does not fit.
+    Stop(StoppedBy),
+}
+
+impl Page {
+    pub fn parse(v: Value) -> Result<Self, StoreError> {
+        let mut r = Reply::array(v)?;
+        let status = r.string()?;
+        let reason = r.string()?;
+        let next = r.uint()?;
+        let total = r.uint()?;
+        let first = match r.next()? {
+            Value::Nil => None,
+            v => candidates(Reply::array(v)?)?.pop(),
+        };
+        let entries = candidates(Reply::array(Value::Array(r.list()?))?)?;
+        let status = match status.as_str() {
+            "done" => PageEnd::Done,
+            "more" if !entries.is_empty() => PageEnd::More(next),
+            "stop" => PageEnd::Stop(
+                StoppedBy::from_name(&reason).ok_or_else(|| corrupt("unknown stop reason"))?,
+            ),
+            _ => return Err(corrupt("unknown page status")),
+        };
+        Ok(Page {
+            status,
+            total,
+            first,
+            entries,
+        })
+    }
+}
+
+/// `lua/history.lua` on an existing session: `{owner or '', live pending
+/// turns, page}`.
+struct HistoryReply {
+    owner: Option<String>,
+    pending_turns: u64,
+    page: Page,
+}
+
+impl HistoryReply {
+    fn parse(v: Value) -> Result<Self, StoreError> {
+        let mut r = Reply::array(v)?;
+        Ok(HistoryReply {
+            owner: r.owner()?,
+            pending_turns: r.uint()?,
+            page: Page::parse(r.next()?)?,
+        })
+    }
+}
+
+/// Flat `member, record, question bytes` triples.
+fn candidates(mut r: Reply) -> Result<Vec<Candidate>, StoreError> {
+    let mut out = Vec::new();
+    while let Ok(member) = r.next() {
+        let member = Reply::bytes_of(member)?;
+        let rec = r.bytes()?;
+        let query_len = usize::try_from(r.uint()?).map_err(|_| corrupt("a length"))?;
+        out.push(record::candidate(&member, &rec, query_len)?);
+    }
+    Ok(out)
+}
+
+impl RedisStore {
+    /// Offers a first page and the pages after it to `sel` until it
+    /// stops or the candidates run out; returns the candidates' total.
+    pub(super) async fn select_pages(
+        &self,
+        session: &SessionId,
+        sel: &mut Selector,
+        mut page: Page,
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        let total = page.total;
+        let mut after = sel.options().after_seq;
+        loop {
+            if let Some(first) = page.first.take() {
+                after = first.seq;
+                if !sel.reserve_first(first) {
+                    return Ok(total);
+                }
+            }
+            for c in page.entries {
+                if !sel.offer(c) {
+                    return Ok(total);
+                }
+            }
+            match page.status {
+                PageEnd::Done => return Ok(total),
+                PageEnd::Stop(why) => {
+                    sel.stop(why);
+                    return Ok(total);
+                }
+                PageEnd::More(before) => {
+                    let mut a = args![now];
+                    a.extend(walk_args(sel, after, Some(before), false));
+                    let v: Value = self
+                        .run_session(&self.scripts.history, session.as_str(), a)
+                        .await?;
+                    if v == Value::Nil {
+                        // The session went away between the pages.
+                        return Ok(total);
+                    }
+                    page = HistoryReply::parse(v)?.page;
+                }
+            }
+        }
+    }
+
+    pub(super) async fn read_history(
+        &self,
+        session: &SessionId,
+        read: &Options,
+        now: Millis,
+    ) -> Result<StoredHistory, StoreError> {
+        let mut sel = Selector::new(read);
+        let mut a = args![now];
+        a.extend(walk_args(&sel, read.after_seq, None, read.keep_first));
+        let v: Value = self
+            .run_session(&self.scripts.history, session.as_str(), a)
+            .await?;
+        if v == Value::Nil {
+            return Ok(StoredHistory {
+                selection: sel.finish(),
+                ..StoredHistory::default()
+            });
+        }
+        let reply = HistoryReply::parse(v)?;
+        let total_turns = self
+            .select_pages(session, &mut sel, reply.page, now)
+            .await?;
+        Ok(StoredHistory {
+            user_id: reply.owner,
+            total_turns,
+            pending_turns: reply.pending_turns,
+            selection: sel.finish(),
+        })
+    }
+
+    pub(super) async fn read_session_info(
+        &self,
+        session: &SessionId,
+        now: Millis,
+    ) -> Result<Option<SessionInfo>, StoreError> {
+        let v: Value = self
+            .run_session(&self.scripts.session_info, session.as_str(), args![now])
+            .await?;
+        if v == Value::Nil {
+            return Ok(None);
+        }
+        // {owner, created_at, last_active_at, turn_count, pending_count, pttl}
+        let mut r = Reply::array(v)?;
+        let user_id = r.owner()?;
+        let created_at = r.int()?;
+        let last_active_at = r.int()?;
+        let turn_count = r.uint()?;
+        let pending_count = r.uint()?;
+        let pttl = r.int()?;
+        Ok(Some(SessionInfo {
+            user_id,
+            created_at,
+            last_active_at,
+            expires_at: now + pttl.max(0),
+            turn_count,
+            pending_count,
+        }))
+    }
+}

@@ -1,0 +1,201 @@
+//! The byte formats of layout 4, as `lua/common.lua` describes them: turn
+//! records (a header line, then the texts unescaped) and the members of the
+//! order zset (a turn id and its costs).
+
+use std::str::FromStr;
+
+use super::reply::corrupt;
+use crate::domain::TurnId;
+use crate::history::{Candidate, Content};
+use crate::store::StoreError;
+use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
+use crate::turn::{Millis, NewPendingTurn, TurnView};
+
+/// Bytes of a turn id in keys and members.
+pub const ID_LEN: usize = 16;
+/// `>c1c1I4I4I4I4I4I4I4` after the id.
+const MEMBER_LEN: usize = ID_LEN + 2 + 7 * 4;
+
+pub fn id_bytes(id: &TurnId) -> Vec<u8> {
+    id.as_uuid().as_bytes().to_vec()
+}
+
+pub fn turn_id(bytes: &[u8]) -> Result<TurnId, StoreError> {
+    let id: [u8; ID_LEN] = bytes
+        .try_into()
+        .map_err(|_| corrupt("a turn id is not 16 bytes"))?;
+    Ok(TurnId::from_bytes(id))
+}
+
+/// A pending record without the seq the script puts in front:
+/// `"<started_at> <key> <enc> <q> <u>\n<query>"`.
+pub fn pending_tail(turn: &NewPendingTurn<'_>) -> Vec<u8> {
+    let t = turn.tokens;
+    let head = format!(
+        "{} {} {} {} {}\n",
+        turn.started_at,
+        turn.idempotency_key.unwrap_or("-"),
+        t.encoding.code() as char,
+        t.query,
+        t.user_line
+    );
+    let mut out = Vec::with_capacity(head.len() + turn.user_query.len());
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(turn.user_query.as_bytes());
+    out
+}
+
+/// The header of a finalized record and where its texts are.
+pub struct Finalized<'a> {
+    pub seq: u64,
+    pub started_at: Millis,
+    pub finalized_at: Millis,
+    /// Bytes of the whole question (the record may hold only its beginning).
+    pub query_bytes: usize,
+    /// The texts as stored in this record.
+    pub query: &'a [u8],
+    pub answer: &'a [u8],
+}
+
+/// `"<seq> <started_at> <finalized_at> <key> <query bytes>\n<query><answer>"`;
+/// `query_len`: how much of the question this record holds, if cut.
+pub fn finalized(rec: &[u8], query_len: Option<usize>) -> Result<Finalized<'_>, StoreError> {
+    let bad = || corrupt("a finalized record is malformed");
+    let nl = rec.iter().position(|b| *b == b'\n').ok_or_else(bad)?;
+    let header = std::str::from_utf8(&rec[..nl]).map_err(|_| bad())?;
+    let mut f = header.split(' ');
+    let seq = field(f.next())?;
+    let started_at = field(f.next())?;
+    let finalized_at = field(f.next())?;
+    let _key = f.next().ok_or_else(bad)?;
+    let query_bytes: usize = field(f.next())?;
+    let texts = &rec[nl + 1..];
+    let split = query_len.unwrap_or(query_bytes);
+    if split > texts.len() {
+        return Err(bad());
+    }
+    let (query, answer) = texts.split_at(split);
+    Ok(Finalized {
+        seq,
+        started_at,
+        finalized_at,
+        query_bytes,
+        query,
+        answer,
+    })
+}
+
+fn field<T: FromStr>(s: Option<&str>) -> Result<T, StoreError> {
+    s.and_then(|s| s.parse().ok())
+        .ok_or_else(|| corrupt("a record header field is malformed"))
+}
+
+fn text(bytes: &[u8]) -> Result<String, StoreError> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| corrupt("a stored text is not UTF-8"))
+}
+
+/// A finalized turn whole, as finalize answers it.
+pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
+    let f = finalized(rec, None)?;
+    Ok(TurnView {
+        turn_id: id,
+        seq: f.seq,
+        user_query: text(f.query)?,
+        final_answer: text(f.answer)?,
+        started_at: f.started_at,
+        finalized_at: f.finalized_at,
+    })
+}
+
+/// A member of the order zset: the turn id and its costs.
+pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts), StoreError> {
+    if bytes.len() != MEMBER_LEN {
+        return Err(corrupt("an order member is malformed"));
+    }
+    let encoding = |b: u8| Encoding::from_code(b).ok_or_else(|| corrupt("unknown encoding letter"));
+    let n = |i: usize| {
+        let at = ID_LEN + 2 + 4 * i;
+        u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+    };
+    let costs = TurnCosts {
+        query: QueryTokens {
+            encoding: encoding(bytes[ID_LEN])?,
+            query: n(0),
+            user_line: n(1),
+        },
+        answer: AnswerTokens {
+            encoding: encoding(bytes[ID_LEN + 1])?,
+            answer: n(2),
+            assistant_sep: n(3),
+            assistant_last: n(4),
+        },
+        query_bytes: n(5),
+        answer_bytes: n(6),
+    };
+    Ok((turn_id(&bytes[..ID_LEN])?, costs))
+}
+
+/// An entry of a history page: member, record (maybe cut), question bytes in it.
+pub fn candidate(
+    member_bytes: &[u8],
+    rec: &[u8],
+    query_len: usize,
+) -> Result<Candidate, StoreError> {
+    let (turn_id, costs) = member(member_bytes)?;
+    let f = finalized(rec, Some(query_len))?;
+    if f.query_bytes != costs.query_bytes as usize {
+        return Err(corrupt("a record and its member disagree"));
+    }
+    let content = |bytes: &[u8], full: u32| {
+        Content::from_prefix(bytes.to_vec(), full as usize)
+            .ok_or_else(|| corrupt("a stored text is not UTF-8"))
+    };
+    Ok(Candidate {
+        turn_id,
+        seq: f.seq,
+        started_at: f.started_at,
+        finalized_at: f.finalized_at,
+        user_query: content(f.query, costs.query_bytes)?,
+        final_answer: content(f.answer, costs.answer_bytes)?,
+        costs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_tails_hold_the_counts_and_the_raw_text() {
+        let id = TurnId::generate();
+        let tokens = QueryTokens::count(Encoding::Cl100kBase, "a \"quoted\"\nline");
+        let tail = pending_tail(&NewPendingTurn {
+            turn_id: &id,
+            user_query: "a \"quoted\"\nline",
+            started_at: 17,
+            idempotency_key: Some("k-1"),
+            tokens: &tokens,
+        });
+        let expected = format!(
+            "17 k-1 c {} {}\na \"quoted\"\nline",
+            tokens.query, tokens.user_line
+        );
+        assert_eq!(tail, expected.as_bytes());
+    }
+
+    #[test]
+    fn finalized_records_split_at_the_question_length() {
+        let rec = "3 10 20 - 5\nhello\nworld".as_bytes();
+        let f = finalized(rec, None).unwrap();
+        assert_eq!((f.seq, f.started_at, f.finalized_at), (3, 10, 20));
+        assert_eq!((f.query, f.answer), (&b"hello"[..], &b"\nworld"[..]));
+        let cut = "3 10 20 k 5\nhel\nwo".as_bytes();
+        let f = finalized(cut, Some(3)).unwrap();
+        assert_eq!(
+            (f.query_bytes, f.query, f.answer),
+            (5, &b"hel"[..], &b"\nwo"[..])
+        );
+        assert!(finalized(b"3 10 20 - 9\nshort", None).is_err());
+        assert!(finalized(b"no header", None).is_err());
+    }
+}

@@ -1,0 +1,257 @@
+//! Writes of turns: start (with the owner's index entry written first, see
+//! `users.rs`), finalize and delete.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::RedisStore;
+use super::reads::{Page, walk_args};
+use super::record::{self, id_bytes};
+use super::reply::{Reply, corrupt};
+use super::scripts::args;
+use crate::domain::{SessionId, TurnId, UserId};
+use crate::history::Selector;
+use crate::store::{Finalized, StartTurn, Started, StoreError, StoredHistory, ms};
+use crate::turn::{Finalization, Millis};
+
+/// Starts that may ask for a fresh index entry before giving up: each
+/// answer to one is a newer entry, so only a fence set in between (an
+/// erasure of this very session) asks again.
+const INDEX_ATTEMPTS: usize = 4;
+
+/// `lua/start_turn.lua`'s reply.
+enum StartReply {
+    OwnerMismatch,
+    IdempotencyKeyReused,
+    TooManyPending {
+        oldest_deadline: Millis,
+    },
+    /// Nothing written: write the user's index entry past `min`, call again.
+    NeedIndex {
+        user: String,
+        min: Millis,
+    },
+    /// `{'ok'|'replay', owner, turn id, seq, started_at, page or false,
+    /// pending before, purged}`
+    Started {
+        replayed: bool,
+        owner: Option<String>,
+        turn_id: TurnId,
+        seq: u64,
+        started_at: Millis,
+        page: Option<Box<Page>>,
+        pending_before: u64,
+        purged: u64,
+    },
+}
+
+impl StartReply {
+    fn parse(v: Value) -> Result<Self, StoreError> {
+        let mut r = Reply::array(v)?;
+        let status = r.string()?;
+        Ok(match status.as_str() {
+            "owner_mismatch" => StartReply::OwnerMismatch,
+            "idem_reused" => StartReply::IdempotencyKeyReused,
+            "too_many_pending" => StartReply::TooManyPending {
+                oldest_deadline: r.int()?,
+            },
+            "need_index" => StartReply::NeedIndex {
+                user: r.string()?,
+                min: r.int()?,
+            },
+            "ok" | "replay" => StartReply::Started {
+                replayed: status == "replay",
+                owner: r.owner()?,
+                turn_id: record::turn_id(&r.bytes()?)?,
+                seq: r.uint()?,
+                started_at: r.int()?,
+                page: match r.next()? {
+                    Value::Nil => None,
+                    v => Some(Box::new(Page::parse(v)?)),
+                },
+                pending_before: r.uint()?,
+                purged: r.uint()?,
+            },
+            other => return Err(corrupt(format!("start_turn status {other:?}"))),
+        })
+    }
+}
+
+/// `lua/finalize_turn.lua`'s reply.
+enum FinalizeReply {
+    /// `{'ok', record, purged}`
+    Now {
+        record: Vec<u8>,
+        purged: u64,
+    },
+    /// `{'already', record}`
+    Already {
+        record: Vec<u8>,
+    },
+    NotFound,
+}
+
+impl FinalizeReply {
+    fn parse(v: Value) -> Result<Self, StoreError> {
+        let mut r = Reply::array(v)?;
+        Ok(match r.string()?.as_str() {
+            "ok" => FinalizeReply::Now {
+                record: r.bytes()?,
+                purged: r.uint()?,
+            },
+            "already" => FinalizeReply::Already { record: r.bytes()? },
+            "not_found" => FinalizeReply::NotFound,
+            other => return Err(corrupt(format!("finalize_turn status {other:?}"))),
+        })
+    }
+}
+
+impl RedisStore {
+    pub(super) async fn start(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
+        let session = req.session_id;
+        let tail = record::pending_tail(&req.turn);
+        let (key, hash) = req
+            .idempotency
+            .map(|(k, h)| (k.as_str(), h))
+            .unwrap_or(("", ""));
+        // A session id just made cannot be owned yet: index it at once.
+        let mut indexed: Option<(String, Millis)> = None;
+        if req.new_session
+            && let Some(user) = req.user_id
+        {
+            let time = self.index(user.as_str(), session, req.now, 0).await?;
+            indexed = Some((user.to_string(), time));
+        }
+        for _ in 0..INDEX_ATTEMPTS {
+            let sel = req.history.map(Selector::new);
+            let (index_user, index_time) =
+                indexed.as_ref().map_or(("", 0), |(u, t)| (u.as_str(), *t));
+            let mut a = args![
+                req.now,
+                ms(self.limits.session_ttl),
+                ms(self.limits.pending_ttl),
+                req.user_id.map(UserId::as_str).unwrap_or(""),
+                id_bytes(req.turn.turn_id),
+                tail.as_slice(),
+                key,
+                hash,
+                self.limits.max_pending,
+                ms(self.limits.index_needed()),
+                index_user,
+                index_time,
+                if sel.is_some() { "1" } else { "0" },
+            ];
+            if let Some(sel) = &sel {
+                let o = sel.options();
+                a.extend(walk_args(sel, o.after_seq, None, o.keep_first));
+            }
+            let v: Value = self
+                .run_session(&self.scripts.start_turn, session.as_str(), a)
+                .await?;
+            match StartReply::parse(v)? {
+                StartReply::OwnerMismatch => return Err(StoreError::OwnerMismatch),
+                StartReply::IdempotencyKeyReused => {
+                    return Err(StoreError::IdempotencyKeyReused);
+                }
+                StartReply::TooManyPending { oldest_deadline } => {
+                    let wait = u64::try_from(oldest_deadline - req.now).unwrap_or(0);
+                    return Err(StoreError::TooManyPendingTurns {
+                        retry_after: Duration::from_millis(wait),
+                    });
+                }
+                StartReply::NeedIndex { user, min } => {
+                    let time = self.index(&user, session, req.now, min).await?;
+                    indexed = Some((user, time));
+                }
+                StartReply::Started {
+                    replayed,
+                    owner,
+                    turn_id,
+                    seq,
+                    started_at,
+                    page,
+                    pending_before,
+                    purged,
+                } => {
+                    self.expired_pending.inc_by(purged);
+                    let history = match (sel, page) {
+                        (Some(mut sel), Some(page)) => {
+                            let total_turns =
+                                self.select_pages(session, &mut sel, *page, req.now).await?;
+                            Some(StoredHistory {
+                                user_id: owner.clone(),
+                                total_turns,
+                                pending_turns: pending_before,
+                                selection: sel.finish(),
+                            })
+                        }
+                        _ => None,
+                    };
+                    return Ok(Started {
+                        user_id: owner,
+                        turn_id,
+                        seq,
+                        started_at,
+                        history,
+                        replayed,
+                    });
+                }
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the user index kept changing under this start".into(),
+        ))
+    }
+
+    pub(super) async fn finalize(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<Finalized, StoreError> {
+        let t = &end.tokens;
+        let v: Value = self
+            .run_session(
+                &self.scripts.finalize_turn,
+                session.as_str(),
+                args![
+                    end.finalized_at,
+                    ms(self.limits.session_ttl),
+                    id_bytes(&turn),
+                    end.final_answer.as_str(),
+                    (t.encoding.code() as char).to_string(),
+                    t.answer,
+                    t.assistant_sep,
+                    t.assistant_last,
+                    self.limits.max_turns,
+                ],
+            )
+            .await?;
+        match FinalizeReply::parse(v)? {
+            FinalizeReply::Now { record, purged } => {
+                self.expired_pending.inc_by(purged);
+                Ok(Finalized::Now(record::view(turn, &record)?))
+            }
+            FinalizeReply::Already { record } => {
+                Ok(Finalized::Already(record::view(turn, &record)?))
+            }
+            FinalizeReply::NotFound => Err(StoreError::TurnNotFound),
+        }
+    }
+
+    pub(super) async fn delete(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {
+        // 'pending' | 'finalized' | 'not_found'
+        let v: String = self
+            .run_session(
+                &self.scripts.delete_turn,
+                session.as_str(),
+                args![crate::turn::now_millis(), id_bytes(&turn)],
+            )
+            .await?;
+        match v.as_str() {
+            "pending" | "finalized" => Ok(()),
+            _ => Err(StoreError::TurnNotFound),
+        }
+    }
+}

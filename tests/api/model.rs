@@ -1,0 +1,482 @@
+//! The memory store and the Redis store implement the same rules twice
+//! (Rust and Lua). This state-machine test applies random operation
+//! sequences to both, with the same ids and clock, and compares every
+//! result: starts (owners, idempotency, the pending cap, histories),
+//! finalizes, deletes, reads with every option, session info, clears,
+//! user listings page by page, and erasures.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use turnstore::domain::{IdempotencyKey, SessionId, TurnId, UserId};
+use turnstore::history::{Format, Options};
+use turnstore::metrics::Metrics;
+use turnstore::store::{Limits, MemoryStore, StartTurn, Store, StoreError};
+use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens};
+use turnstore::turn::{Finalization, Millis, NewPendingTurn};
+use turnstore::{Settings, app};
+
+use crate::harness::{Redis, RedisCluster};
+
+const SESSIONS: usize = 3;
+const USERS: usize = 2;
+
+/// Texts that move the pre-tokenizer and the truncation around.
+const TEXTS: [&str; 8] = [
+    "hi",
+    "ends in a newline\n",
+    "trailing spaces  \n\n",
+    "What is a vector index?",
+    "ünïcode ✓ and 🙂🙂 emoji",
+    "Multi-line\n\n  with  spaces\t and <|endoftext|>",
+    "A longer answer. It goes on for a while, with punctuation; numbers 12345, and more words to count.",
+    "x",
+];
+
+#[derive(Debug, Clone)]
+struct Read {
+    limit: usize,
+    max_tokens: u32,
+    max_bytes: u64,
+    format: Format,
+    cl100k: bool,
+    max_query_chars: Option<usize>,
+    max_answer_chars: Option<usize>,
+    keep_first: bool,
+    after_seq: u64,
+    through_seq: Option<u64>,
+}
+
+impl Read {
+    fn options(&self) -> Options {
+        Options {
+            limit: self.limit,
+            max_tokens: self.max_tokens,
+            max_bytes: self.max_bytes,
+            format: self.format,
+            encoding: if self.cl100k {
+                Encoding::Cl100kBase
+            } else {
+                Encoding::O200kBase
+            },
+            max_query_chars: self.max_query_chars,
+            max_answer_chars: self.max_answer_chars,
+            keep_first: self.keep_first,
+            after_seq: self.after_seq,
+            through_seq: self.through_seq.unwrap_or(u64::MAX),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Start {
+        session: usize,
+        user: Option<usize>,
+        key: Option<usize>,
+        text: usize,
+        read: Option<Read>,
+    },
+    Finalize {
+        session: usize,
+        turn: usize,
+        text: usize,
+    },
+    Delete {
+        session: usize,
+        turn: usize,
+    },
+    History {
+        session: usize,
+        read: Read,
+    },
+    Info {
+        session: usize,
+    },
+    Clear {
+        session: usize,
+    },
+    List {
+        user: usize,
+        limit: usize,
+    },
+    Erase {
+        user: usize,
+    },
+}
+
+fn read() -> impl Strategy<Value = Read> {
+    (
+        (
+            0usize..5,
+            prop_oneof![0u32..80, Just(4096)],
+            prop_oneof![0u64..120, Just(1 << 22)],
+            prop_oneof![
+                Just(Format::Text),
+                Just(Format::Messages),
+                Just(Format::Turns)
+            ],
+            any::<bool>(),
+        ),
+        (
+            proptest::option::of(prop_oneof![Just(1usize), Just(3), Just(50)]),
+            proptest::option::of(prop_oneof![Just(1usize), Just(3), Just(50)]),
+            any::<bool>(),
+            0u64..4,
+            proptest::option::of(0u64..8),
+        ),
+    )
+        .prop_map(
+            |(
+                (limit, max_tokens, max_bytes, format, cl100k),
+                (max_query_chars, max_answer_chars, keep_first, after_seq, through_seq),
+            )| Read {
+                limit,
+                max_tokens,
+                max_bytes,
+                format,
+                cl100k,
+                max_query_chars,
+                max_answer_chars,
+                keep_first,
+                after_seq,
+                through_seq,
+            },
+        )
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let s = 0..SESSIONS;
+    prop_oneof![
+        6 => (s.clone(), proptest::option::of(0..USERS), proptest::option::of(0usize..2),
+              0..TEXTS.len(), proptest::option::of(read()))
+            .prop_map(|(session, user, key, text, read)| Op::Start { session, user, key, text, read }),
+        6 => (s.clone(), 0usize..8, 0..TEXTS.len())
+            .prop_map(|(session, turn, text)| Op::Finalize { session, turn, text }),
+        1 => (s.clone(), 0usize..8).prop_map(|(session, turn)| Op::Delete { session, turn }),
+        4 => (s.clone(), read()).prop_map(|(session, read)| Op::History { session, read }),
+        1 => s.clone().prop_map(|session| Op::Info { session }),
+        1 => s.prop_map(|session| Op::Clear { session }),
+        1 => (0..USERS, 1usize..3).prop_map(|(user, limit)| Op::List { user, limit }),
+        1 => (0..USERS).prop_map(|user| Op::Erase { user }),
+    ]
+}
+
+/// The two stores under one case, with the case's own ids.
+struct Pair {
+    memory: Arc<dyn Store>,
+    redis: Arc<dyn Store>,
+    sessions: Vec<SessionId>,
+    users: Vec<UserId>,
+    /// Turns started so far, per session (a finalize or delete picks one).
+    turns: Vec<Vec<TurnId>>,
+    now: Millis,
+}
+
+/// Small bounds, so that trimming and the pending cap come up; lifetimes
+/// long enough that nothing expires during a case.
+fn with_test_limits(settings: &mut Settings) {
+    settings.session_ttl = Duration::from_secs(3600);
+    settings.pending_ttl = Duration::from_secs(3600);
+    settings.max_turns = 5;
+    settings.max_pending_turns = 3;
+}
+
+/// What a result shows, without what only real time decides (expiry
+/// instants, the wait before a pending turn frees).
+fn shown<T: std::fmt::Debug>(r: Result<T, StoreError>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(StoreError::TooManyPendingTurns { .. }) => "TooManyPendingTurns".into(),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+impl Pair {
+    async fn new(redis_settings: Settings, case: u64) -> Self {
+        let tag = format!("c{case}-{}", uuid::Uuid::new_v4().simple());
+        let metrics = Metrics::new();
+        let mut settings = redis_settings;
+        settings.key_prefix = format!("m-{tag}");
+        with_test_limits(&mut settings);
+        let limits: Limits = app::limits(&settings);
+        Pair {
+            memory: Arc::new(MemoryStore::new(limits, metrics.expired_pending.clone())),
+            redis: Arc::new(app::redis_store(&settings, &metrics).unwrap()),
+            sessions: (0..SESSIONS)
+                .map(|i| SessionId::parse(format!("s{i}-{tag}")).unwrap())
+                .collect(),
+            users: (0..USERS)
+                .map(|i| UserId::parse(format!("u{i}-{tag}")).unwrap())
+                .collect(),
+            turns: vec![Vec::new(); SESSIONS],
+            now: turnstore::turn::now_millis(),
+        }
+    }
+
+    /// Applies `op` to both stores; returns both results as shown.
+    async fn apply(&mut self, op: &Op) -> (String, String) {
+        self.now += 1000;
+        let now = self.now;
+        match op {
+            Op::Start {
+                session,
+                user,
+                key,
+                text,
+                read,
+            } => {
+                let turn_id = TurnId::generate();
+                let query = TEXTS[*text];
+                let tokens = QueryTokens::count(Encoding::O200kBase, query);
+                let key = key.map(|k| IdempotencyKey::parse(format!("k{k}")).unwrap());
+                let hash = format!("h{text}");
+                let options = read.as_ref().map(Read::options);
+                let start = || StartTurn {
+                    session_id: &self.sessions[*session],
+                    user_id: user.map(|u| &self.users[u]),
+                    turn: NewPendingTurn {
+                        turn_id: &turn_id,
+                        user_query: query,
+                        started_at: now,
+                        idempotency_key: key.as_ref().map(IdempotencyKey::as_str),
+                        tokens: &tokens,
+                    },
+                    idempotency: key.as_ref().map(|k| (k, hash.as_str())),
+                    history: options.as_ref(),
+                    new_session: false,
+                    now,
+                };
+                let m = self.memory.start_turn(start()).await;
+                let r = self.redis.start_turn(start()).await;
+                if let Ok(s) = &m
+                    && !s.replayed
+                {
+                    self.turns[*session].push(s.turn_id);
+                }
+                (shown(m), shown(r))
+            }
+            Op::Finalize {
+                session,
+                turn,
+                text,
+            } => {
+                let Some(turn) = self.pick(*session, *turn) else {
+                    return (String::new(), String::new());
+                };
+                let answer = TEXTS[*text];
+                let end = Finalization {
+                    final_answer: answer.to_owned(),
+                    finalized_at: now,
+                    tokens: AnswerTokens::count(Encoding::O200kBase, answer),
+                };
+                let s = &self.sessions[*session];
+                (
+                    shown(self.memory.finalize_turn(s, turn, &end).await),
+                    shown(self.redis.finalize_turn(s, turn, &end).await),
+                )
+            }
+            Op::Delete { session, turn } => {
+                let Some(turn) = self.pick(*session, *turn) else {
+                    return (String::new(), String::new());
+                };
+                let s = &self.sessions[*session];
+                (
+                    shown(self.memory.delete_turn(s, turn).await),
+                    shown(self.redis.delete_turn(s, turn).await),
+                )
+            }
+            Op::History { session, read } => {
+                let (s, o) = (&self.sessions[*session], read.options());
+                (
+                    shown(self.memory.history(s, &o, now).await),
+                    shown(self.redis.history(s, &o, now).await),
+                )
+            }
+            Op::Info { session } => {
+                let s = &self.sessions[*session];
+                let info = |r: Result<Option<turnstore::store::SessionInfo>, StoreError>| {
+                    shown(r.map(|i| {
+                        i.map(|i| {
+                            (
+                                i.user_id,
+                                i.created_at,
+                                i.last_active_at,
+                                i.turn_count,
+                                i.pending_count,
+                            )
+                        })
+                    }))
+                };
+                (
+                    info(self.memory.session_info(s, now).await),
+                    info(self.redis.session_info(s, now).await),
+                )
+            }
+            Op::Clear { session } => {
+                let s = &self.sessions[*session];
+                (
+                    shown(self.memory.clear_session(s).await),
+                    shown(self.redis.clear_session(s).await),
+                )
+            }
+            Op::List { user, limit } => {
+                // Every page, following the cursors.
+                let u = &self.users[*user];
+                let (mut m, mut r) = (String::new(), String::new());
+                let (mut mc, mut rc) = (None, None);
+                for _ in 0..10 {
+                    let mp = self.memory.user_sessions(u, *limit, mc, now).await;
+                    let rp = self.redis.user_sessions(u, *limit, rc, now).await;
+                    mc = mp.as_ref().ok().and_then(|p| p.next_cursor);
+                    rc = rp.as_ref().ok().and_then(|p| p.next_cursor);
+                    m += &shown(mp);
+                    r += &shown(rp);
+                    if mc.is_none() && rc.is_none() {
+                        break;
+                    }
+                }
+                (m, r)
+            }
+            Op::Erase { user } => {
+                let u = &self.users[*user];
+                let budget = Duration::from_secs(30);
+                (
+                    shown(self.memory.erase_user(u, budget).await),
+                    shown(self.redis.erase_user(u, budget).await),
+                )
+            }
+        }
+    }
+
+    fn pick(&self, session: usize, i: usize) -> Option<TurnId> {
+        let turns = &self.turns[session];
+        (!turns.is_empty()).then(|| turns[i % turns.len()])
+    }
+}
+
+fn run(settings: Settings, cases: u32, log: impl Fn() -> String) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        rt.block_on(async {
+            let mut pair = Pair::new(settings.clone(), case).await;
+            for (i, op) in ops.iter().enumerate() {
+                let (m, r) = pair.apply(op).await;
+                prop_assert_eq!(&m, &r, "step {} {:?}", i, op);
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}\n{}", log());
+    }
+}
+
+#[test]
+fn memory_and_redis_agree_on_random_operations() {
+    let redis = Redis::unix();
+    let settings = Settings {
+        redis_url: Some(redis.url()),
+        ..Settings::default()
+    };
+    run(settings, 256, || redis.log());
+}
+
+#[test]
+fn memory_and_redis_cluster_agree_on_random_operations() {
+    let cluster = RedisCluster::start(3);
+    let settings = Settings {
+        redis_cluster_nodes: cluster.urls(),
+        ..Settings::default()
+    };
+    run(settings, 48, || cluster.log());
+}
+
+/// The budget's edges, swept: one session of turns with every kind of text
+/// ending, read with each token and byte budget up to what it holds, in
+/// each format, with and without `keep_first`. Random sequences seldom hit
+/// a budget exactly; this hits every one.
+#[test]
+fn memory_and_redis_agree_at_every_budget() {
+    let redis = Redis::unix();
+    let mut settings = Settings {
+        redis_url: Some(redis.url()),
+        ..Settings::default()
+    };
+    with_test_limits(&mut settings);
+    settings.max_turns = 100;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut pair = Pair::new(settings, 0).await;
+        for (i, text) in TEXTS.iter().enumerate() {
+            let start = Op::Start {
+                session: 0,
+                user: None,
+                key: None,
+                text: i,
+                read: None,
+            };
+            pair.apply(&start).await;
+            let finalize = Op::Finalize {
+                session: 0,
+                turn: i,
+                text: (i + 3) % TEXTS.len(),
+            };
+            let (m, r) = pair.apply(&finalize).await;
+            assert_eq!(m, r, "{text:?}");
+        }
+        for format in [Format::Text, Format::Messages, Format::Turns] {
+            for keep_first in [false, true] {
+                for max_tokens in 0..=220 {
+                    let read = Read {
+                        limit: 10,
+                        max_tokens,
+                        max_bytes: 1 << 22,
+                        format,
+                        cl100k: false,
+                        max_query_chars: None,
+                        max_answer_chars: None,
+                        keep_first,
+                        after_seq: 0,
+                        through_seq: None,
+                    };
+                    // Also with turns the walk must hand over for counting:
+                    // truncated, or in another encoding.
+                    for read in [
+                        read.clone(),
+                        Read {
+                            max_tokens: 1 << 20,
+                            max_bytes: u64::from(max_tokens) * 2,
+                            ..read.clone()
+                        },
+                        Read {
+                            max_answer_chars: Some(20),
+                            ..read.clone()
+                        },
+                        Read {
+                            cl100k: true,
+                            ..read
+                        },
+                    ] {
+                        let op = Op::History { session: 0, read };
+                        let (m, r) = pair.apply(&op).await;
+                        assert_eq!(m, r, "{op:?}\n{}", redis.log());
+                    }
+                }
+            }
+        }
+    });
+}
