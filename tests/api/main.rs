@@ -5,7 +5,6 @@
 
 #[path = "../process/harness.rs"]
 mod harness;
-mod model;
 mod support;
 
 use std::time::Duration;
@@ -14,6 +13,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{Backend, TestApp, count, ok_json, problem, sid};
 
+/// Runs each named test (an `async fn(Backend)`) on the memory store, on a
+/// redis-server and on a three-master Redis Cluster.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -42,6 +43,11 @@ macro_rules! conformance {
         }
     };
 }
+
+mod model;
+mod pending;
+mod reads;
+mod users;
 
 conformance!(
     start_without_session_creates_one,

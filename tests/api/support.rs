@@ -19,6 +19,8 @@ pub enum Backend {
 pub struct TestApp {
     pub base: String,
     pub http: reqwest::Client,
+    /// What the app was built with.
+    pub settings: Settings,
     /// The test's own redis-server; `None` for the memory store and for an
     /// external Redis (`TURNSTORE_TEST_REDIS_URL`).
     pub redis: Option<Redis>,
@@ -55,11 +57,14 @@ impl TestApp {
             },
         };
         tweak(&mut settings);
-        let app = Application::build(settings).await.expect("the app builds");
+        let app = Application::build(settings.clone())
+            .await
+            .expect("the app builds");
         let base = format!("http://127.0.0.1:{}", app.port());
         tokio::spawn(app.run_until_stopped(std::future::pending::<()>()));
         TestApp {
             base,
+            settings,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
@@ -155,13 +160,71 @@ impl TestApp {
     }
 
     pub async fn user_sessions(&self, user: &str) -> Value {
+        self.user_sessions_page(user, "").await
+    }
+
+    pub async fn user_sessions_page(&self, user: &str, query: &str) -> Value {
         let res = self
             .http
-            .get(self.url(&format!("/v1/users/{user}/sessions")))
+            .get(self.url(&format!("/v1/users/{user}/sessions?{query}")))
             .send()
             .await
             .unwrap();
         ok_json(res, StatusCode::OK).await
+    }
+
+    /// Every page of a user's sessions, following `next_cursor`: the
+    /// session ids, in order.
+    pub async fn all_user_sessions(&self, user: &str, limit: usize) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut query = format!("limit={limit}");
+        loop {
+            let page = self.user_sessions_page(user, &query).await;
+            for s in page["sessions"].as_array().unwrap() {
+                out.push(s["session_id"].as_str().unwrap().to_owned());
+            }
+            match page["next_cursor"].as_str() {
+                Some(c) => query = format!("limit={limit}&cursor={c}"),
+                None => return out,
+            }
+        }
+    }
+
+    /// Erases a user, calling again while the answer is `complete: false`;
+    /// returns the sessions deleted in all and how many calls it took.
+    pub async fn erase_user_fully(&self, user: &str) -> (u64, usize) {
+        let (mut deleted, mut calls) = (0, 0);
+        loop {
+            let e = ok_json(self.erase_user(user).await, StatusCode::OK).await;
+            deleted += e["deleted_sessions"].as_u64().unwrap();
+            calls += 1;
+            if e["complete"] == true {
+                return (deleted, calls);
+            }
+            assert!(calls < 1000, "the erasure does not end");
+        }
+    }
+
+    /// The Redis store the app uses, for filling it faster than over HTTP
+    /// (`None` for the memory store).
+    pub fn redis_store(&self) -> Option<std::sync::Arc<dyn turnstore::store::Store>> {
+        if self.settings.redis_url.is_none() && self.settings.redis_cluster_nodes.is_empty() {
+            return None;
+        }
+        let metrics = turnstore::metrics::Metrics::new();
+        Some(std::sync::Arc::new(
+            turnstore::app::redis_store(&self.settings, &metrics).unwrap(),
+        ))
+    }
+
+    /// Runs `redis-cli` with `args` on every Redis the app uses.
+    pub fn on_every_redis(&self, args: &[&str]) -> Vec<String> {
+        let single = self.redis.iter().map(|r| r.cli(args));
+        let cluster = self
+            .cluster
+            .iter()
+            .flat_map(|c| c.nodes.iter().map(|n| n.cli(args)));
+        single.chain(cluster).collect()
     }
 
     pub async fn erase_user(&self, user: &str) -> Response {
