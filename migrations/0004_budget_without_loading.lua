@@ -7,11 +7,15 @@
 --     budget;
 --   - records become a header line and the raw texts (no JSON), so a
 --     truncating read can take only the beginning of a text:
---       pending   "<seq> <started_at> <key|-> <enc> <q> <u>\n<query>"
+--       pending   "?<seq> <started_at> <key|-> <enc> <q> <u>\n<query>"
 --       finalized "<seq> <started_at> <finalized_at> <key|-> <query bytes>\n<query><answer>"
---   - turn ids are their 16 bytes; keys get new suffixes (m t o p d i ->
---     h r s q x k), so a session still under its old meta key is one not
---     yet migrated;
+--   - three keys a session instead of six (every write slides the TTL of
+--     each): pending and finalized records share one hash (r); the
+--     idempotency keys live in the meta hash (h, as 'k:<key>', with
+--     keyed=1); finalized turns (scored by seq) and pending ones (scored
+--     by deadline, all above 1e12) share one zset (s). New suffixes
+--     (m t o p d i -> h r s), so a session still under its old meta key
+--     is one not yet migrated; turn ids are their 16 bytes;
 --   - meta's indexed_at (the last index write) becomes ix (the time the
 --     owner's index entry reaches until: indexed_at + the index horizon);
 --     the runner rebuilds every user index from the sessions (P:u:<user>,
@@ -19,8 +23,8 @@
 --     (P:user:<user>), so a session owned but missing from its user's list
 --     in layout 3 is listed again.
 --
--- KEYS[1..6]: the session's layout-3 keys (m t o p d i), KEYS[7..12]: its
--- layout-4 keys (h r s q x k), one hash tag. ARGV: 1 now, 2 index horizon
+-- KEYS[1..6]: the session's layout-3 keys (m t o p d i), KEYS[7..9]: its
+-- layout-4 keys (h r s), one hash tag. ARGV: 1 now, 2 index horizon
 -- ms, 3 '1' to finish (the runner has indexed the owner).
 -- Runs in pages: each call converts about 512 KiB or 256 turns at most, so
 -- no call is long whatever the session holds. Returns {status, records
@@ -43,7 +47,7 @@ local function num(x) return string.format('%.0f', x) end
 local ttl = redis.call('PTTL', KEYS[1])
 local function expire()
   if ttl > 0 then
-    for i = 7, 12 do redis.call('PEXPIRE', KEYS[i], ttl) end
+    for i = 7, 9 do redis.call('PEXPIRE', KEYS[i], ttl) end
   end
 end
 
@@ -54,7 +58,7 @@ local function move_key(key, id)
   if not e then return end
   local tid, rest = string.match(e, '^(%S+) (.*)$')
   if tid == id then
-    redis.call('HSET', KEYS[12], key, bin(id) .. ' ' .. rest)
+    redis.call('HSET', KEYS[7], 'k:' .. key, bin(id) .. rest, 'keyed', '1')
     redis.call('HDEL', KEYS[6], key)
   end
 end
@@ -93,10 +97,10 @@ while room() do
   local json = redis.call('HGET', KEYS[4], id)
   if json then
     local r = cjson.decode(json)
-    local rec = num(r.s) .. ' ' .. num(r.t) .. ' ' .. (r.k or '-') .. ' ' .. enc(r.n) .. ' '
+    local rec = '?' .. num(r.s) .. ' ' .. num(r.t) .. ' ' .. (r.k or '-') .. ' ' .. enc(r.n) .. ' '
       .. num(r.n.q) .. ' ' .. num(r.n.u) .. '\n' .. r.q
-    redis.call('HSET', KEYS[10], bin(id), rec)
-    redis.call('ZADD', KEYS[11], ids[2], bin(id))
+    redis.call('HSET', KEYS[8], bin(id), rec)
+    redis.call('ZADD', KEYS[9], ids[2], bin(id))
     move_key(r.k, id)
     redis.call('HDEL', KEYS[4], id)
     spent, changes = spent + #json, changes + 1

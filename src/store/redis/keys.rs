@@ -16,12 +16,15 @@ impl Keys {
         &self.prefix
     }
 
-    /// `P:{S}:m`, `:t`, `:o`, `:p`, `:d`, `:i` and the fences `:f`, in the
-    /// order of KEYS in `lua/common.lua`: one hash tag, so one slot.
-    pub fn session(&self, session: &str) -> [String; 7] {
+    /// `P:{S}:h`, `:r`, `:s` and the fences `:f`, in the order of KEYS in
+    /// `lua/common.lua`: one hash tag, so one slot.
+    pub fn session(&self, session: &str) -> Vec<String> {
         let base = format!("{}:{{{}}}:", self.prefix, session);
-        let [m, t, o, p, d, i] = session_suffixes(super::LAYOUT);
-        [m, t, o, p, d, i, "f"].map(|k| format!("{base}{k}"))
+        session_suffixes(super::LAYOUT)
+            .iter()
+            .chain(["f"].iter())
+            .map(|k| format!("{base}{k}"))
+            .collect()
     }
 
     /// `P:u:U`: the user's index (another slot than their sessions').

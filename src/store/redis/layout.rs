@@ -12,15 +12,16 @@ use crate::turn::now_millis;
 /// The layout this build reads and writes.
 pub const LAYOUT: u32 = 4;
 
-/// Key suffixes of a session's six keys, per layout (index = layout - 1).
-const SUFFIXES: [[&str; 6]; 4] = [
-    ["meta", "turns", "order", "pending", "deadlines", "idem"],
-    ["m", "t", "o", "p", "d", "i"],
-    ["m", "t", "o", "p", "d", "i"],
-    ["h", "r", "s", "q", "x", "k"],
+/// Key suffixes of a session's keys, per layout (index = layout - 1); the
+/// first is the meta key, which every session has.
+const SUFFIXES: [&[&str]; 4] = [
+    &["meta", "turns", "order", "pending", "deadlines", "idem"],
+    &["m", "t", "o", "p", "d", "i"],
+    &["m", "t", "o", "p", "d", "i"],
+    &["h", "r", "s"],
 ];
 
-pub fn session_suffixes(layout: u32) -> [&'static str; 6] {
+pub fn session_suffixes(layout: u32) -> &'static [&'static str] {
     SUFFIXES[(layout as usize).clamp(1, SUFFIXES.len()) - 1]
 }
 

@@ -1,4 +1,4 @@
-//! Reads: history pages (the walk of `lua/common.lua`, continued while the
+//! Reads: history pages (the walk of `lua/walk.lua`, continued while the
 //! selection is open) and session info.
 
 use redis::Value;
@@ -12,47 +12,58 @@ use crate::history::{Candidate, Format, Options, Selector, StoppedBy};
 use crate::store::{SessionInfo, StoreError, StoredHistory};
 use crate::turn::Millis;
 
-/// The walk's arguments (see `walk_args` in `lua/common.lua`): the read's
-/// bounds and the selector's budget so far. `after`: lower seq bound;
-/// `before`: upper one (both excluded), `None` for the read's own.
+/// Numbers as a script unpacks them (`struct.unpack('>d…')`): one argument
+/// for many, and no `tonumber` in Lua (each costs more than the walk's own
+/// logic). Exact for integers below 2^53.
+pub(super) fn pack(out: &mut Vec<u8>, numbers: &[f64]) {
+    for n in numbers {
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+}
+
+/// The walk's arguments, packed as `WALK_ARGS` in `lua/walk.lua` wants
+/// them: the read's bounds and the selector's budget so far. `after`:
+/// lower seq bound; `before`: upper one (both excluded), `None` for the
+/// read's own.
 pub(super) fn walk_args(
     sel: &Selector,
     after: u64,
     before: Option<u64>,
     keep_first: bool,
-) -> Vec<Vec<u8>> {
+) -> Vec<u8> {
     let o = sel.options();
     let s = sel.state();
-    let before = before
-        .or_else(|| o.through_seq.checked_add(1))
-        .map_or_else(|| "inf".to_owned(), |b| b.to_string());
-    let (newest_inner, newest_last) = s.newest.map_or((-1, 0), |(i, l)| (i64::from(i), l));
-    args![
-        after,
-        before,
-        s.room,
-        o.max_tokens,
-        o.max_bytes,
-        (o.encoding.code() as char).to_string(),
-        o.max_query_chars.unwrap_or(0),
-        o.max_answer_chars.unwrap_or(0),
-        if o.format == Format::Messages {
-            "0"
-        } else {
-            "1"
-        },
-        sel.header(),
-        if keep_first { "1" } else { "0" },
-        s.inner_sum,
-        newest_inner,
-        newest_last,
-        if s.newest_may_change { "1" } else { "0" },
-        s.bytes,
-    ]
+    let before = before.or_else(|| o.through_seq.checked_add(1));
+    let (newest_inner, newest_last) = s
+        .newest
+        .map_or((-1.0, 0.0), |(i, l)| (f64::from(i), f64::from(l)));
+    let mut out = Vec::with_capacity(12 * 8 + 4);
+    pack(
+        &mut out,
+        &[
+            after as f64,
+            before.map_or(-1.0, |b| b as f64),
+            s.room as f64,
+            f64::from(o.max_tokens),
+            o.max_bytes as f64,
+            o.max_query_chars.unwrap_or(0) as f64,
+            o.max_answer_chars.unwrap_or(0) as f64,
+            f64::from(sel.header()),
+            s.inner_sum as f64,
+            newest_inner,
+            newest_last,
+            s.bytes as f64,
+        ],
+    );
+    out.push(o.encoding.code());
+    out.push(u8::from(o.format != Format::Messages));
+    out.push(u8::from(keep_first));
+    out.push(u8::from(s.newest_may_change));
+    out
 }
 
 /// One call's part of a walk: `{status, reason, next before, total, first
-/// or false, flat entries}` (see `walk` in `lua/common.lua`).
+/// or false, flat entries}` (see `lua/walk.lua`).
 pub(super) struct Page {
     pub status: PageEnd,
     /// Finalized turns among the candidates.
@@ -118,14 +129,12 @@ impl HistoryReply {
     }
 }
 
-/// Flat `member, record, question bytes` triples.
+/// Flat `member, record` pairs.
 fn candidates(mut r: Reply) -> Result<Vec<Candidate>, StoreError> {
     let mut out = Vec::new();
     while let Ok(member) = r.next() {
         let member = Reply::bytes_of(member)?;
-        let rec = r.bytes()?;
-        let query_len = usize::try_from(r.uint()?).map_err(|_| corrupt("a length"))?;
-        out.push(record::candidate(&member, &rec, query_len)?);
+        out.push(record::candidate(&member, &r.bytes()?)?);
     }
     Ok(out)
 }
@@ -161,8 +170,7 @@ impl RedisStore {
                     return Ok(total);
                 }
                 PageEnd::More(before) => {
-                    let mut a = args![now];
-                    a.extend(walk_args(sel, after, Some(before), false));
+                    let a = args![now, walk_args(sel, after, Some(before), false)];
                     let v: Value = self
                         .run_session(&self.scripts.history, session.as_str(), a)
                         .await?;
@@ -183,8 +191,7 @@ impl RedisStore {
         now: Millis,
     ) -> Result<StoredHistory, StoreError> {
         let mut sel = Selector::new(read);
-        let mut a = args![now];
-        a.extend(walk_args(&sel, read.after_seq, None, read.keep_first));
+        let a = args![now, walk_args(&sel, read.after_seq, None, read.keep_first)];
         let v: Value = self
             .run_session(&self.scripts.history, session.as_str(), a)
             .await?;

@@ -45,21 +45,19 @@ pub fn pending_tail(turn: &NewPendingTurn<'_>) -> Vec<u8> {
     out
 }
 
-/// The header of a finalized record and where its texts are.
+/// The header of a finalized record and its texts.
 pub struct Finalized<'a> {
     pub seq: u64,
     pub started_at: Millis,
     pub finalized_at: Millis,
-    /// Bytes of the whole question (the record may hold only its beginning).
-    pub query_bytes: usize,
-    /// The texts as stored in this record.
+    /// The texts this record holds: whole, or their beginnings in a record
+    /// a read cut (its header then says how much of the question it holds).
     pub query: &'a [u8],
     pub answer: &'a [u8],
 }
 
-/// `"<seq> <started_at> <finalized_at> <key> <query bytes>\n<query><answer>"`;
-/// `query_len`: how much of the question this record holds, if cut.
-pub fn finalized(rec: &[u8], query_len: Option<usize>) -> Result<Finalized<'_>, StoreError> {
+/// `"<seq> <started_at> <finalized_at> <key> <query bytes>\n<query><answer>"`.
+pub fn finalized(rec: &[u8]) -> Result<Finalized<'_>, StoreError> {
     let bad = || corrupt("a finalized record is malformed");
     let nl = rec.iter().position(|b| *b == b'\n').ok_or_else(bad)?;
     let header = std::str::from_utf8(&rec[..nl]).map_err(|_| bad())?;
@@ -70,16 +68,14 @@ pub fn finalized(rec: &[u8], query_len: Option<usize>) -> Result<Finalized<'_>, 
     let _key = f.next().ok_or_else(bad)?;
     let query_bytes: usize = field(f.next())?;
     let texts = &rec[nl + 1..];
-    let split = query_len.unwrap_or(query_bytes);
-    if split > texts.len() {
+    if query_bytes > texts.len() {
         return Err(bad());
     }
-    let (query, answer) = texts.split_at(split);
+    let (query, answer) = texts.split_at(query_bytes);
     Ok(Finalized {
         seq,
         started_at,
         finalized_at,
-        query_bytes,
         query,
         answer,
     })
@@ -96,7 +92,7 @@ fn text(bytes: &[u8]) -> Result<String, StoreError> {
 
 /// A finalized turn whole, as finalize answers it.
 pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
-    let f = finalized(rec, None)?;
+    let f = finalized(rec)?;
     Ok(TurnView {
         turn_id: id,
         seq: f.seq,
@@ -135,18 +131,14 @@ pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts), StoreError> {
     Ok((turn_id(&bytes[..ID_LEN])?, costs))
 }
 
-/// An entry of a history page: member, record (maybe cut), question bytes in it.
-pub fn candidate(
-    member_bytes: &[u8],
-    rec: &[u8],
-    query_len: usize,
-) -> Result<Candidate, StoreError> {
+/// An entry of a history page: a member and its record, maybe cut.
+pub fn candidate(member_bytes: &[u8], rec: &[u8]) -> Result<Candidate, StoreError> {
     let (turn_id, costs) = member(member_bytes)?;
-    let f = finalized(rec, Some(query_len))?;
-    if f.query_bytes != costs.query_bytes as usize {
-        return Err(corrupt("a record and its member disagree"));
-    }
+    let f = finalized(rec)?;
     let content = |bytes: &[u8], full: u32| {
+        if bytes.len() > full as usize {
+            return Err(corrupt("a record and its member disagree"));
+        }
         Content::from_prefix(bytes.to_vec(), full as usize)
             .ok_or_else(|| corrupt("a stored text is not UTF-8"))
     };
@@ -186,16 +178,10 @@ mod tests {
     #[test]
     fn finalized_records_split_at_the_question_length() {
         let rec = "3 10 20 - 5\nhello\nworld".as_bytes();
-        let f = finalized(rec, None).unwrap();
+        let f = finalized(rec).unwrap();
         assert_eq!((f.seq, f.started_at, f.finalized_at), (3, 10, 20));
         assert_eq!((f.query, f.answer), (&b"hello"[..], &b"\nworld"[..]));
-        let cut = "3 10 20 k 5\nhel\nwo".as_bytes();
-        let f = finalized(cut, Some(3)).unwrap();
-        assert_eq!(
-            (f.query_bytes, f.query, f.answer),
-            (5, &b"hel"[..], &b"\nwo"[..])
-        );
-        assert!(finalized(b"3 10 20 - 9\nshort", None).is_err());
-        assert!(finalized(b"no header", None).is_err());
+        assert!(finalized(b"3 10 20 - 9\nshort").is_err());
+        assert!(finalized(b"no header").is_err());
     }
 }

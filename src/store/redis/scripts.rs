@@ -26,6 +26,16 @@ macro_rules! session_script {
             include_str!($file)
         ))
     };
+    // Scripts that read the history also get the walk.
+    (walk $file:literal) => {
+        Script::new(concat!(
+            include_str!("lua/common.lua"),
+            "\n",
+            include_str!("lua/walk.lua"),
+            "\n",
+            include_str!($file)
+        ))
+    };
 }
 
 pub(super) struct Scripts {
@@ -44,10 +54,10 @@ pub(super) struct Scripts {
 impl Scripts {
     pub fn new() -> Self {
         Scripts {
-            start_turn: session_script!("lua/start_turn.lua"),
+            start_turn: session_script!(walk "lua/start_turn.lua"),
             finalize_turn: session_script!("lua/finalize_turn.lua"),
             delete_turn: session_script!("lua/delete_turn.lua"),
-            history: session_script!("lua/history.lua"),
+            history: session_script!(walk "lua/history.lua"),
             session_info: session_script!("lua/session_info.lua"),
             clear_session: session_script!("lua/clear_session.lua"),
             probe: session_script!("lua/probe.lua"),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::RedisStore;
-use super::reads::{Page, walk_args};
+use super::reads::{Page, pack, walk_args};
 use super::record::{self, id_bytes};
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
@@ -80,10 +80,9 @@ impl StartReply {
 
 /// `lua/finalize_turn.lua`'s reply.
 enum FinalizeReply {
-    /// `{'ok', record, purged}`
+    /// `{'ok', record}`
     Now {
         record: Vec<u8>,
-        purged: u64,
     },
     /// `{'already', record}`
     Already {
@@ -96,10 +95,7 @@ impl FinalizeReply {
     fn parse(v: Value) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         Ok(match r.string()?.as_str() {
-            "ok" => FinalizeReply::Now {
-                record: r.bytes()?,
-                purged: r.uint()?,
-            },
+            "ok" => FinalizeReply::Now { record: r.bytes()? },
             "already" => FinalizeReply::Already { record: r.bytes()? },
             "not_found" => FinalizeReply::NotFound,
             other => return Err(corrupt(format!("finalize_turn status {other:?}"))),
@@ -127,24 +123,31 @@ impl RedisStore {
             let sel = req.history.map(Selector::new);
             let (index_user, index_time) =
                 indexed.as_ref().map_or(("", 0), |(u, t)| (u.as_str(), *t));
+            let mut numbers = Vec::with_capacity(6 * 8 + 1);
+            pack(
+                &mut numbers,
+                &[
+                    req.now as f64,
+                    ms(self.limits.session_ttl) as f64,
+                    ms(self.limits.pending_ttl) as f64,
+                    f64::from(self.limits.max_pending),
+                    ms(self.limits.index_needed()) as f64,
+                    index_time as f64,
+                ],
+            );
+            numbers.push(u8::from(sel.is_some()));
             let mut a = args![
-                req.now,
-                ms(self.limits.session_ttl),
-                ms(self.limits.pending_ttl),
+                numbers,
                 req.user_id.map(UserId::as_str).unwrap_or(""),
                 id_bytes(req.turn.turn_id),
                 tail.as_slice(),
                 key,
                 hash,
-                self.limits.max_pending,
-                ms(self.limits.index_needed()),
                 index_user,
-                index_time,
-                if sel.is_some() { "1" } else { "0" },
             ];
             if let Some(sel) = &sel {
                 let o = sel.options();
-                a.extend(walk_args(sel, o.after_seq, None, o.keep_first));
+                a.extend(args![walk_args(sel, o.after_seq, None, o.keep_first)]);
             }
             let v: Value = self
                 .run_session(&self.scripts.start_turn, session.as_str(), a)
@@ -211,28 +214,32 @@ impl RedisStore {
         end: &Finalization,
     ) -> Result<Finalized, StoreError> {
         let t = &end.tokens;
+        let mut numbers = Vec::with_capacity(6 * 8);
+        pack(
+            &mut numbers,
+            &[
+                end.finalized_at as f64,
+                ms(self.limits.session_ttl) as f64,
+                f64::from(t.answer),
+                f64::from(t.assistant_sep),
+                f64::from(t.assistant_last),
+                f64::from(self.limits.max_turns),
+            ],
+        );
         let v: Value = self
             .run_session(
                 &self.scripts.finalize_turn,
                 session.as_str(),
                 args![
-                    end.finalized_at,
-                    ms(self.limits.session_ttl),
+                    numbers,
                     id_bytes(&turn),
                     end.final_answer.as_str(),
                     (t.encoding.code() as char).to_string(),
-                    t.answer,
-                    t.assistant_sep,
-                    t.assistant_last,
-                    self.limits.max_turns,
                 ],
             )
             .await?;
         match FinalizeReply::parse(v)? {
-            FinalizeReply::Now { record, purged } => {
-                self.expired_pending.inc_by(purged);
-                Ok(Finalized::Now(record::view(turn, &record)?))
-            }
+            FinalizeReply::Now { record } => Ok(Finalized::Now(record::view(turn, &record)?)),
             FinalizeReply::Already { record } => {
                 Ok(Finalized::Already(record::view(turn, &record)?))
             }

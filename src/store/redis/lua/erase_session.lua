@@ -4,7 +4,7 @@
 -- fence) so that it can be removed. Returns 1 if it deleted the session.
 local deleted = 0
 if redis.call('HGET', KEYS[1], 'user_id') == ARGV[1] then
-  redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
+  redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
   deleted = 1
 end
 fence(ARGV[1], ARGV[2], ARGV[3])

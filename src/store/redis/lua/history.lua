@@ -1,5 +1,5 @@
--- Read-only. ARGV: 1 now, walk arguments from 2 (see common.lua).
+-- Read-only. ARGV: 1 now, walk arguments from 2 (see walk.lua).
 -- Returns false (no session) | {owner or '', live pending turns, page}
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local owner = redis.call('HGET', KEYS[1], 'user_id') or ''
-return {owner, live_pending(tonumber(ARGV[1])), walk(walk_args(2, nil))}
+local m = redis.call('HMGET', KEYS[1], 'user_id', 'next_seq')
+if not m[2] then return false end
+return {m[1] or '', live_pending(tonumber(ARGV[1])), walk(2, nil)}

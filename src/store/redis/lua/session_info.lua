@@ -2,5 +2,5 @@
 -- Returns false | {owner or '', created_at, last_active_at, turn_count, pending_count, pttl}
 local m = redis.call('HMGET', KEYS[1], 'user_id', 'created_at', 'last_active_at')
 if not m[2] then return false end
-return {m[1] or '', m[2], m[3] or m[2], redis.call('ZCARD', KEYS[3]),
+return {m[1] or '', m[2], m[3] or m[2], finalized_count(),
         live_pending(tonumber(ARGV[1])), redis.call('PTTL', KEYS[1])}

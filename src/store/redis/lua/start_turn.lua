@@ -1,85 +1,108 @@
--- ARGV: 1 now, 2 session ttl ms, 3 pending ttl ms, 4 user_id or '', 5 turn id,
---       6 pending record without its seq ("<started_at> <key> <enc> <q> <u>\n<query>"),
---       7 idempotency key or '', 8 request hash, 9 max pending turns,
---       10 index needed ms (the owner's entry must reach past now + this),
---       11 user the caller wrote an index entry for, or '', 12 its time,
---       13 '1' to read the history (walk arguments from 14; see common.lua)
+-- ARGV: 1 numbers packed '>ddddddB': now, session ttl ms, pending ttl ms,
+--         max pending turns, index needed ms (the owner's entry must reach
+--         past now + this), time of the index entry the caller wrote (0:
+--         none), 1 to read the history;
+--       2 user_id or '', 3 turn id, 4 pending record without its seq
+--       ("<started_at> <key> <enc> <q> <u>\n<query>"), 5 idempotency key or
+--       '', 6 request hash, 7 user the caller wrote an index entry for, or
+--       '', 8 the walk's arguments (see walk.lua) when reading
 -- Returns one of
 --   {'owner_mismatch'} | {'idem_reused'} | {'too_many_pending', oldest deadline}
 --   {'need_index', user, min time}: nothing written; write the user's index
 --      entry (past min) and call again with it
 --   {'ok'|'replay', owner, turn id, seq, started_at, history page or false,
 --    pending turns before it, pending turns purged}
-local now = tonumber(ARGV[1])
-local user = ARGV[4]
-local key = ARGV[7]
-local reading = ARGV[13] == '1'
+local now, session_ttl, pending_ttl, cap, needed, written, reading =
+  struct.unpack('>ddddddB', ARGV[1])
+local user, tid_new, tail, key, hash, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+reading = reading == 1
 
-local owner = redis.call('HGET', KEYS[1], 'user_id')
+local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key)
+local owner = meta[1]
 if owner == '' then owner = false end
 if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
 
-if key ~= '' then
-  local entry = redis.call('HGET', KEYS[6], key)
-  if entry then
-    local tid = string.sub(entry, 1, ID)
-    local seq, hash = string.match(string.sub(entry, ID + 2), '^(%d+) (%S+)$')
-    if hash ~= ARGV[8] then return {'idem_reused'} end
-    local rec = false
-    local deadline = redis.call('ZSCORE', KEYS[5], tid)
-    if deadline and tonumber(deadline) > now then rec = redis.call('HGET', KEYS[4], tid) end
-    if not rec then rec = redis.call('HGET', KEYS[2], tid) end
-    if rec then
-      -- Live pending turns are at most the cap (plus a purge's backlog).
-      seq = tonumber(seq)
-      local before = 0
-      for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf')) do
-        local p = redis.call('HGET', KEYS[4], id)
-        if p and tonumber(string.match(p, '^(%d+)')) < seq then before = before + 1 end
-      end
-      local started = string.match(rec, '^%d+ (%d+)')
-      local page = reading and walk(walk_args(14, seq)) or false
-      return {'replay', owner or '', tid, seq, started, page, before, 0}
+if key ~= '' and meta[5] then
+  local entry = meta[5]
+  local tid = string.sub(entry, 1, ID)
+  local seq, stored_hash = string.match(string.sub(entry, ID + 1), '^(%d+) (%S+)$')
+  if stored_hash ~= hash then return {'idem_reused'} end
+  local rec = redis.call('HGET', KEYS[2], tid)
+  if rec and is_pending(rec) then
+    local deadline = redis.call('ZSCORE', KEYS[3], tid)
+    if not (deadline and tonumber(deadline) > now) then rec = false end
+  end
+  if rec then
+    -- Live pending turns are at most the cap (plus a purge's backlog).
+    seq = tonumber(seq)
+    local before = 0
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')) do
+      local p = redis.call('HGET', KEYS[2], id)
+      if p and tonumber(string.match(p, '^%?(%d+)')) < seq then before = before + 1 end
     end
+    local started = string.match(rec, '^%??%d+ (%d+)')
+    local page = reading and walk(8, seq) or false
+    return {'replay', owner or '', tid, seq, started, page, before, 0}
   end
 end
 
-local pending = live_pending(now)
-if pending >= tonumber(ARGV[9]) then
-  local oldest = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  return {'too_many_pending', oldest[2] or now}
+-- Pending turns by deadline: the expired ones first (purged below, a
+-- page at a time), then the live ones. One read in the usual case.
+local window = PURGE + cap + 1
+local deadlines = redis.call('ZRANGEBYSCORE', KEYS[3], LIVE, '+inf', 'WITHSCORES', 'LIMIT', 0, window)
+local expired, pending, oldest = {}, 0, nil
+for i = 1, #deadlines, 2 do
+  if tonumber(deadlines[i + 1]) <= now then
+    if #expired < PURGE then expired[#expired + 1] = deadlines[i] end
+  else
+    pending = pending + 1
+    oldest = oldest or deadlines[i + 1]
+  end
+end
+if #deadlines == 2 * window then pending = live_pending(now) end
+if pending >= cap then
+  if not oldest then
+    oldest = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
+  end
+  return {'too_many_pending', oldest}
 end
 
 -- The owner's index entry must exist before the session can be found
 -- owned (a claim), and must outlive it (a refresh): see users.rs.
 local claim = (not owner) and user ~= ''
 local indexed = owner or (claim and user)
-local written = tonumber(ARGV[12])
 if indexed then
-  if ARGV[11] == indexed then
-    local fenced = tonumber(redis.call('HGET', KEYS[7], indexed) or '0')
+  if indexed_for == indexed then
+    local fenced = tonumber(redis.call('HGET', KEYS[4], indexed) or '0')
     if fenced >= written then return {'need_index', indexed, fenced} end
-  else
-    local ix = tonumber(redis.call('HGET', KEYS[1], 'ix') or '0')
-    if claim or ix < now + tonumber(ARGV[10]) then return {'need_index', indexed, 0} end
+  elseif claim or tonumber(meta[2] or '0') < now + needed then
+    return {'need_index', indexed, 0}
   end
 end
 
-local expired = purge_pending(now)
-local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1)
-redis.call('HSETNX', KEYS[1], 'created_at', ARGV[1])
-local meta = {'last_active_at', ARGV[1]}
+if #expired > 0 then
+  forget(expired, meta[3])
+  redis.call('ZREM', KEYS[3], unpack(expired))
+end
+local seq = tonumber(meta[4] or '0') + 1
+local fields = {'next_seq', seq, 'last_active_at', now}
+local function set(f, v)
+  fields[#fields + 1] = f
+  fields[#fields + 1] = v
+end
+if seq == 1 then set('created_at', now) end
 if claim then
   owner = user
-  meta[3], meta[4] = 'user_id', user
+  set('user_id', user)
 end
-if indexed and ARGV[11] == indexed then
-  meta[#meta + 1], meta[#meta + 2] = 'ix', ARGV[12]
+if indexed and indexed_for == indexed then set('ix', written) end
+if key ~= '' then
+  set('k:' .. key, tid_new .. seq .. ' ' .. hash)
+  if not meta[3] then set('keyed', '1') end
 end
-redis.call('HSET', KEYS[1], unpack(meta))
-redis.call('HSET', KEYS[4], ARGV[5], seq .. ' ' .. ARGV[6])
-redis.call('ZADD', KEYS[5], now + tonumber(ARGV[3]), ARGV[5])
-if key ~= '' then redis.call('HSET', KEYS[6], key, ARGV[5] .. ' ' .. seq .. ' ' .. ARGV[8]) end
-local page = reading and walk(walk_args(14, seq)) or false
-touch(ARGV[2])
-return {'ok', owner or '', ARGV[5], seq, string.match(ARGV[6], '^(%d+)'), page, pending, expired}
+redis.call('HSET', KEYS[1], unpack(fields))
+redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail)
+redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
+local page = reading and walk(8, seq) or false
+touch(session_ttl)
+return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired}

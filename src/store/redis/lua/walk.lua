@@ -1,0 +1,149 @@
+-- The history walk. It reads finalized turns newest first, from `before`
+-- down to `after` (both excluded), and keeps the budget exactly as the
+-- Rust `Selector` does while the stored counts apply (same encoding, no
+-- truncation): so a read loads only the turns it returns. A turn whose
+-- counts do not apply is handed over with the rest of the page, for the
+-- caller to count. Each call stops at a page's size; the caller continues
+-- with its budget state. Its arguments are packed in ARGV[at] (WALK_ARGS;
+-- one string, as every argument and every tonumber costs more than the
+-- walk's own logic): after, before (-1: none), room, max_tokens, max_bytes,
+-- max query chars, max answer chars (0: no truncation), header tokens,
+-- then the budget state: inner sum, newest inner (-1: none), newest last,
+-- bytes; then the encoding letter, and flags: text (1) or messages (0),
+-- keep_first, newest may change.
+-- `before` (optional) lowers the upper bound (a start's own seq).
+-- Returns {status 'done'|'more'|'stop', stop reason or '', next before
+-- (for 'more'), candidates in range, first or false, flat entries}, each
+-- entry (first too) a member and its record; a record cut for a truncating
+-- read holds only the beginning of each text, and its header's last field
+-- says how much of the question it holds (the member has the full sizes).
+-- Hot: per turn, locals only.
+local WALK, PAGE_BYTES = 1024, 1048576   -- while counting here
+local HANDOVER, HANDOVER_BYTES = 64, 262144  -- turns for the caller to count
+local BATCH = 64
+
+local WALK_ARGS = '>ddddddddddddc1BBB'
+
+local function walk(at, before)
+  local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
+    inner_sum, ni, nl, bytes, enc, text, keep_first, change = struct.unpack(WALK_ARGS, ARGV[at])
+  text, keep_first, change = text == 1, keep_first == 1, change == 1
+  local encs = enc .. enc
+  -- Seqs are below LIVE: the rest of the zset is pending turns.
+  if upper_seq < 0 then upper_seq = nil end
+  if before and (not upper_seq or before < upper_seq) then upper_seq = before end
+  if upper_seq and upper_seq >= tonumber(LIVE) then upper_seq = nil end
+
+  local lower = '(' .. after
+  local upper = upper_seq and ('(' .. upper_seq) or ('(' .. LIVE)
+  local total = redis.call('ZCOUNT', KEYS[3], lower, upper)
+  local cut_q = max_q > 0 and 4 * (max_q + 1) or nil
+  local cut_a = max_a > 0 and 4 * (max_a + 1) or nil
+  local unpack_costs = struct.unpack
+  -- Both encodings as one string, then the counts.
+  local FMT = '>c2I4I4I4I4I4I4I4'
+
+  local exact = true
+  local cap_n, cap_b = WALK, PAGE_BYTES
+  local taken, n = {}, 0
+  local status, reason, next_before = nil, '', 0
+  local walked, page_bytes, last_m = 0, 0, nil
+
+  -- Takes (the stored counts apply and it fits) or hands over (they do not:
+  -- the caller counts it) each member, until a page is full or the walk
+  -- stops (status says why). One call per batch, not per member.
+  local function take(batch)
+    for i = 1, #batch do
+      local m = batch[i]
+      if walked > 0 and (walked >= cap_n or page_bytes >= cap_b) then
+        status, next_before = 'more', redis.call('ZSCORE', KEYS[3], last_m)
+        return
+      end
+      if room <= 0 then
+        status, reason = 'stop', 'limit'
+        return
+      end
+      local e, q, u, an, s, l, qb, ab = unpack_costs(FMT, m, ID + 1)
+      if exact and (e ~= encs or (cut_q and qb > max_q) or (cut_a and ab > max_a)) then
+        exact, cap_n, cap_b = false, HANDOVER, HANDOVER_BYTES
+      end
+      if exact then
+        local inner, last
+        if text then inner, last = u + s, u + l else inner = q + an + 8; last = inner end
+        local tokens
+        if change then
+          tokens = header + inner_sum + (ni >= 0 and ni or 0) + last
+        else
+          tokens = header + inner_sum + inner + nl
+        end
+        if tokens > max_tokens then
+          status, reason = 'stop', 'max_tokens'
+          return
+        end
+        if bytes + qb + ab > max_bytes then
+          status, reason = 'stop', 'max_bytes'
+          return
+        end
+        if change then
+          if ni >= 0 then inner_sum = inner_sum + ni end
+          ni, nl, change = inner, last, false
+        else
+          inner_sum = inner_sum + inner
+        end
+        bytes = bytes + qb + ab
+      else
+        if cut_q and qb > cut_q then qb = cut_q end
+        if cut_a and ab > cut_a then ab = cut_a end
+      end
+      room = room - 1
+      n = n + 1
+      taken[n] = m
+      walked, page_bytes, last_m = walked + 1, page_bytes + qb + ab, m
+    end
+  end
+
+  local has_first = false
+  if keep_first and total > 0 then
+    local f = redis.call('ZRANGEBYSCORE', KEYS[3], lower, upper, 'WITHSCORES', 'LIMIT', 0, 1)
+    take({f[1]})
+    if status then return {status, reason, 0, total, false, {}} end
+    -- The reserved first turn does not stay the newest, nor fills a page.
+    if exact then change = true end
+    has_first, walked, page_bytes = true, 0, 0
+    lower = '(' .. f[2]
+  end
+
+  local cursor = upper
+  while not status do
+    local want = BATCH
+    if exact and room + 1 < want then want = room + 1 end
+    local batch = redis.call('ZREVRANGEBYSCORE', KEYS[3], cursor, lower, 'LIMIT', 0, want)
+    take(batch)
+    if status or #batch < want then break end
+    cursor = '(' .. redis.call('ZSCORE', KEYS[3], last_m)
+  end
+
+  -- The records of what is returned, cut to what a truncating read needs.
+  local ids = {}
+  for i = 1, n do ids[i] = string.sub(taken[i], 1, ID) end
+  local recs = n > 0 and redis.call('HMGET', KEYS[2], unpack(ids)) or {}
+  local first, entries = false, {}
+  for i = 1, n do
+    local m, rec = taken[i], recs[i]
+    if not rec then return redis.error_reply('turnstore: a turn has no record') end
+    if cut_q or cut_a then
+      local _, _, _, _, _, _, qb, ab = unpack_costs(FMT, m, ID + 1)
+      local q, a = math.min(qb, cut_q or qb), math.min(ab, cut_a or ab)
+      local head, texts = string.match(rec, '^(%d+ %d+ %d+ %S+ )%d+\n()')
+      rec = head .. q .. '\n' .. string.sub(rec, texts, texts + q - 1)
+        .. string.sub(rec, texts + qb, texts + qb + a - 1)
+    end
+    if has_first and i == 1 then
+      first = {m, rec}
+    else
+      entries[#entries + 1] = m
+      entries[#entries + 1] = rec
+    end
+  end
+  return {status or 'done', reason, next_before, total, first, entries}
+end
