@@ -18,8 +18,12 @@
 -- read holds only the beginning of each text, and its header's last field
 -- says how much of the question it holds (the member has the full sizes).
 -- Hot: per turn, locals only.
-local WALK, PAGE_BYTES = 1024, 1048576   -- while counting here
-local HANDOVER, HANDOVER_BYTES = 64, 262144  -- turns for the caller to count
+-- A page: at most this many turns, and records of at most LOADED bytes
+-- (what HMGET copies, whole records even when a truncating read returns
+-- their beginnings), so that no call is long; turns handed over for the
+-- caller to count, fewer: counting costs the caller more than the walk.
+local WALK, LOADED = 1024, 1048576
+local HANDOVER, HANDOVER_BYTES = 64, 262144
 local BATCH = 64
 
 local WALK_ARGS = '>ddddddddddddc1BBB'
@@ -44,10 +48,10 @@ local function walk(at, before)
   local FMT = '>c2I4I4I4I4I4I4I4'
 
   local exact = true
-  local cap_n, cap_b = WALK, PAGE_BYTES
+  local cap_n, cap_b = WALK, LOADED
   local taken, n = {}, 0
   local status, reason, next_before = nil, '', 0
-  local walked, page_bytes, last_m = 0, 0, nil
+  local walked, page_bytes, loaded, last_m = 0, 0, 0, nil
 
   -- Takes (the stored counts apply and it fits) or hands over (they do not:
   -- the caller counts it) each member, until a page is full or the walk
@@ -55,7 +59,7 @@ local function walk(at, before)
   local function take(batch)
     for i = 1, #batch do
       local m = batch[i]
-      if walked > 0 and (walked >= cap_n or page_bytes >= cap_b) then
+      if walked > 0 and (walked >= cap_n or page_bytes >= cap_b or loaded >= LOADED) then
         status, next_before = 'more', redis.call('ZSCORE', KEYS[3], last_m)
         return
       end
@@ -91,7 +95,9 @@ local function walk(at, before)
           inner_sum = inner_sum + inner
         end
         bytes = bytes + qb + ab
-      else
+      end
+      loaded = loaded + qb + ab
+      if not exact then
         if cut_q and qb > cut_q then qb = cut_q end
         if cut_a and ab > cut_a then ab = cut_a end
       end
@@ -109,7 +115,7 @@ local function walk(at, before)
     if status then return {status, reason, 0, total, false, {}} end
     -- The reserved first turn does not stay the newest, nor fills a page.
     if exact then change = true end
-    has_first, walked, page_bytes = true, 0, 0
+    has_first, walked, page_bytes, loaded = true, 0, 0, 0
     lower = '(' .. f[2]
   end
 

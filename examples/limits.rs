@@ -1,0 +1,378 @@
+//! The cost bounds of API.md v1.1, measured against a running turnstore and
+//! its Redis (bench/limits runs it; see there). Each mode prints one line
+//! per figure.
+//!
+//! - `reads <base> <redis> <turns>`: fills one session with `turns` turns
+//!   of the largest question and answer the default limits allow (32 KiB,
+//!   128 KiB), then reads it: with max_tokens=10, in another encoding,
+//!   truncated, and four maximal reads at once; for each, the response
+//!   time, bytes, the longest Redis command (SLOWLOG) and the worst PING a
+//!   second client saw meanwhile.
+//! - `replay <base> <redis>`: a session with 1,000 finalized and 63
+//!   pending turns, each with an idempotency key (the service's limits
+//!   must allow 1,063 turns and 63 pending); times replays.
+//! - `erase <base> <redis> <sessions>`: one user with that many sessions;
+//!   times `DELETE /v1/users/{id}` until `complete`, and a full listing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use turnstore::Settings;
+use turnstore::domain::{IdempotencyKey, SessionId, TurnId, UserId};
+use turnstore::metrics::Metrics;
+use turnstore::store::{StartTurn, Store};
+use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens};
+use turnstore::turn::{Finalization, NewPendingTurn, now_millis};
+
+type Fail = Box<dyn std::error::Error>;
+
+fn store(redis: &str) -> Arc<dyn Store> {
+    let settings = Settings {
+        redis_url: Some(redis.to_owned()),
+        store_timeout: Duration::from_secs(30),
+        max_turns: 100_000,
+        max_pending_turns: 1024,
+        ..Settings::default()
+    };
+    Arc::new(turnstore::app::redis_store(&settings, &Metrics::new()).expect("a Redis store"))
+}
+
+/// Starts (and unless `pending`, finalizes) one turn through the store.
+async fn turn(
+    store: &dyn Store,
+    session: &SessionId,
+    user: Option<&UserId>,
+    texts: (&str, &str, &QueryTokens, &AnswerTokens),
+    key: Option<&IdempotencyKey>,
+    pending: bool,
+) -> TurnId {
+    let (query, answer, q, a) = texts;
+    let id = TurnId::generate();
+    let now = now_millis();
+    store
+        .start_turn(StartTurn {
+            session_id: session,
+            user_id: user,
+            turn: NewPendingTurn {
+                turn_id: &id,
+                user_query: query,
+                started_at: now,
+                idempotency_key: key.map(IdempotencyKey::as_str),
+                tokens: q,
+            },
+            idempotency: key.map(|k| (k, "bench")),
+            history: None,
+            new_session: user.is_some(),
+            now,
+        })
+        .await
+        .expect("start");
+    if !pending {
+        let end = Finalization {
+            final_answer: answer.to_owned(),
+            finalized_at: now,
+            tokens: *a,
+        };
+        store
+            .finalize_turn(session, id, &end)
+            .await
+            .expect("finalize");
+    }
+    id
+}
+
+/// Redis' longest command since the last reset, in ms.
+fn slowest(redis: &mut redis::Connection) -> f64 {
+    let log: Vec<Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(100_000)
+        .query::<Vec<redis::Value>>(redis)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|e| match e {
+            redis::Value::Array(f) => match f.get(2) {
+                Some(redis::Value::Int(us)) => Some(json!(*us)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    log.iter().filter_map(Value::as_f64).fold(0.0, f64::max) / 1000.0
+}
+
+fn reset_slowlog(redis: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .query(redis)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-max-len")
+        .arg(100_000)
+        .query(redis)
+        .unwrap();
+    let _: () = redis::cmd("SLOWLOG").arg("RESET").query(redis).unwrap();
+}
+
+/// PINGs Redis in a loop until stopped; returns the worst round trip in ms.
+fn pinger(url: &str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
+    let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+    std::thread::spawn(move || {
+        let mut worst = Duration::ZERO;
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            let _: String = redis::cmd("PING").query(&mut c).unwrap();
+            worst = worst.max(t.elapsed());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        worst.as_secs_f64() * 1000.0
+    })
+}
+
+async fn reads(base: &str, url: &str, turns: usize) -> Result<(), Fail> {
+    let store = store(url);
+    let session = SessionId::parse(format!("big-{}", uuid::Uuid::new_v4().simple()))?;
+    let (query, answer) = ("q".repeat(32 * 1024), "a ".repeat(64 * 1024));
+    let enc = Encoding::O200kBase;
+    let (q, a) = (
+        QueryTokens::count(enc, &query),
+        AnswerTokens::count(enc, &answer),
+    );
+    let filled = Instant::now();
+    let done = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (store, session, done) = (store.clone(), session.clone(), done.clone());
+            let (query, answer) = (query.clone(), answer.clone());
+            tokio::spawn(async move {
+                for _ in 0..(turns / 8 + usize::from(i < turns % 8)) {
+                    turn(
+                        &*store,
+                        &session,
+                        None,
+                        (&query, &answer, &q, &a),
+                        None,
+                        false,
+                    )
+                    .await;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await?;
+    }
+    println!(
+        "# one session of {turns} turns of 32 KiB + 128 KiB ({} MB of text), written in {:.1} s",
+        turns * (32 + 128) / 1024,
+        filled.elapsed().as_secs_f64()
+    );
+
+    let http = reqwest::Client::new();
+    let mut redis = redis::Client::open(url)?.get_connection()?;
+    let read = |query: &'static str| {
+        let req = http.get(format!("{base}/v1/sessions/{session}/history?{query}"));
+        async move {
+            let t = Instant::now();
+            let res = req.send().await.expect("a response");
+            let status = res.status().as_u16();
+            let body = res.bytes().await.expect("a body");
+            let v: Value = serde_json::from_slice(&body).unwrap_or_default();
+            (t.elapsed().as_secs_f64() * 1000.0, status, body.len(), v)
+        }
+    };
+    let cases: [(&str, &'static str); 4] = [
+        ("max_tokens=10", "limit=10000&max_tokens=10"),
+        (
+            "max_tokens=10, cl100k_base",
+            "limit=10000&max_tokens=10&encoding=cl100k_base",
+        ),
+        (
+            "every turn truncated to 5 chars",
+            "limit=10000&max_tokens=10000000&max_query_chars=5&max_answer_chars=5&format=turns",
+        ),
+        ("maximal (4 MiB cap)", "limit=10000&max_tokens=10000000"),
+    ];
+    for (name, query) in cases {
+        reset_slowlog(&mut redis);
+        let stop = Arc::new(AtomicBool::new(false));
+        let ping = pinger(url, stop.clone());
+        let (ms, status, bytes, v) = read(query).await;
+        stop.store(true, Ordering::Relaxed);
+        let worst_ping = ping.join().unwrap_or(f64::NAN);
+        println!(
+            "read {name:32} status={status} time_ms={ms:.1} bytes={bytes} turns={} stopped_by={} redis_slowest_ms={:.2} ping_worst_ms={worst_ping:.2}",
+            v["included_turns"],
+            v["stopped_by"],
+            slowest(&mut redis)
+        );
+    }
+    reset_slowlog(&mut redis);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ping = pinger(url, stop.clone());
+    let t = Instant::now();
+    let four =
+        futures_util::future::join_all((0..4).map(|_| read("limit=10000&max_tokens=10000000")))
+            .await;
+    stop.store(true, Ordering::Relaxed);
+    let worst = four.iter().map(|r| r.0).fold(0.0, f64::max);
+    println!(
+        "read 4 maximal at once                 all_in_ms={:.1} slowest_ms={worst:.1} statuses={:?} redis_slowest_ms={:.2} ping_worst_ms={:.2}",
+        t.elapsed().as_secs_f64() * 1000.0,
+        four.iter().map(|r| r.1).collect::<Vec<_>>(),
+        slowest(&mut redis),
+        ping.join().unwrap_or(f64::NAN)
+    );
+    Ok(())
+}
+
+async fn replay(base: &str, url: &str) -> Result<(), Fail> {
+    // Over HTTP, so that each key holds the hash of the very body replayed.
+    let session = format!("keys-{}", uuid::Uuid::new_v4().simple());
+    let query = "What changed?";
+    let http = reqwest::Client::new();
+    let body = json!({"session_id": session, "user_query": query});
+    for i in 0..1063 {
+        let started: Value = http
+            .post(format!("{base}/v1/turns"))
+            .header("idempotency-key", format!("key-{i}"))
+            .json(&body)
+            .send()
+            .await?
+            .json()
+            .await?;
+        if i < 1000 {
+            let turn = started["turn_id"].as_str().ok_or("no turn id")?;
+            http.post(format!(
+                "{base}/v1/sessions/{session}/turns/{turn}/finalize"
+            ))
+            .json(&json!({"final_answer": "Nothing much."}))
+            .send()
+            .await?
+            .error_for_status()?;
+        }
+    }
+    let mut redis = redis::Client::open(url)?.get_connection()?;
+    let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query(&mut redis)?;
+    let (n, mut worst) = (500, 0.0f64);
+    let t = Instant::now();
+    for i in 0..n {
+        // Alternately a finalized turn's key and a pending one's.
+        let key = if i % 2 == 0 {
+            format!("key-{}", i % 1000)
+        } else {
+            format!("key-{}", 1000 + i % 63)
+        };
+        let started = Instant::now();
+        let res = http
+            .post(format!("{base}/v1/turns"))
+            .header("idempotency-key", &key)
+            .json(&body)
+            .send()
+            .await?;
+        assert_eq!(res.status().as_u16(), 200, "a replay");
+        worst = worst.max(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut redis)?;
+    let evalsha = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or("")
+        .to_owned();
+    println!(
+        "replay on a session of 1,000 finalized + 63 pending keyed turns: {n} replays, mean_ms={:.2} worst_ms={worst:.2}; redis {evalsha}",
+        t.elapsed().as_secs_f64() * 1000.0 / f64::from(n)
+    );
+    Ok(())
+}
+
+async fn erase(base: &str, url: &str, sessions: usize) -> Result<(), Fail> {
+    let store = store(url);
+    let user = UserId::parse(format!("big-user-{}", uuid::Uuid::new_v4().simple()))?;
+    let enc = Encoding::O200kBase;
+    let (q, a) = (QueryTokens::count(enc, "q"), AnswerTokens::count(enc, "a"));
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (store, user) = (store.clone(), user.clone());
+            tokio::spawn(async move {
+                for j in (i..sessions).step_by(32) {
+                    let s = SessionId::parse(format!("{}-{j}", user.as_str())).unwrap();
+                    turn(&*store, &s, Some(&user), ("q", "a", &q, &a), None, true).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await?;
+    }
+    println!(
+        "# {sessions} sessions of one user written in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let http = reqwest::Client::new();
+    let t = Instant::now();
+    let (mut listed, mut pages, mut cursor) = (0, 0, None::<String>);
+    loop {
+        let mut url = format!("{base}/v1/users/{user}/sessions?limit=1000");
+        if let Some(c) = &cursor {
+            url.push_str(&format!("&cursor={c}"));
+        }
+        let page: Value = http.get(url).send().await?.json().await?;
+        listed += page["sessions"].as_array().map_or(0, Vec::len);
+        pages += 1;
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    let list_s = t.elapsed().as_secs_f64();
+    println!(
+        "list {listed} sessions in {pages} pages of 1,000: {list_s:.2} s ({:.0} ms per page)",
+        list_s * 1000.0 / f64::from(pages)
+    );
+    let t = Instant::now();
+    let (mut deleted, mut calls) = (0, Vec::new());
+    loop {
+        let call = Instant::now();
+        let res = http
+            .delete(format!("{base}/v1/users/{user}"))
+            .send()
+            .await?;
+        let status = res.status().as_u16();
+        let v: Value = res.json().await?;
+        calls.push(format!("{:.2}s", call.elapsed().as_secs_f64()));
+        deleted += v["deleted_sessions"].as_u64().unwrap_or(0);
+        if status != 200 || v["complete"] == true || calls.len() > 100 {
+            break;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "erase {deleted} sessions: {secs:.2} s in {} call(s) [{}], {:.0} ms per 10,000 sessions",
+        calls.len(),
+        calls.join(" "),
+        secs * 1000.0 * 10_000.0 / deleted.max(1) as f64
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Fail> {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize| args.get(i).map(String::as_str).unwrap_or("");
+    match (arg(1), arg(2), arg(3)) {
+        ("reads", base, url) => reads(base, url, arg(4).parse().unwrap_or(1000)).await,
+        ("replay", base, url) => replay(base, url).await,
+        ("erase", base, url) => erase(base, url, arg(4).parse().unwrap_or(100_000)).await,
+        _ => {
+            eprintln!("usage: limits reads|replay|erase <turnstore base url> <redis url> [count]");
+            std::process::exit(2);
+        }
+    }
+}
