@@ -7,7 +7,7 @@ use crate::tokens::{HEADER, assistant_line, user_line};
 pub fn render_text(turns: &[SelectedTurn]) -> String {
     let size: usize = turns
         .iter()
-        .map(|t| t.user_query.len() + t.final_answer.len() + 21)
+        .map(|t| t.turn.user_query.len() + t.turn.final_answer.len() + 21)
         .sum();
     let mut out = String::with_capacity(HEADER.len() + size);
     for t in turns {
@@ -16,8 +16,8 @@ pub fn render_text(turns: &[SelectedTurn]) -> String {
         } else {
             out.push_str("\n\n");
         }
-        out.push_str(&user_line(&t.user_query));
-        out.push_str(&assistant_line(&t.final_answer, false));
+        out.push_str(&user_line(&t.turn.user_query));
+        out.push_str(&assistant_line(&t.turn.final_answer, false));
     }
     out
 }
@@ -37,11 +37,11 @@ pub fn messages(turns: Vec<SelectedTurn>) -> Vec<Message> {
             [
                 Message {
                     role: "user",
-                    content: t.user_query,
+                    content: t.turn.user_query,
                 },
                 Message {
                     role: "assistant",
-                    content: t.final_answer,
+                    content: t.turn.final_answer,
                 },
             ]
         })
@@ -146,7 +146,7 @@ mod tests {
             1,
             "turn 1 fits but must not skip over turn 2"
         );
-        assert_eq!(s.turns[0].seq, 3);
+        assert_eq!(s.turns[0].turn.seq, 3);
         assert_eq!(s.stopped_by, Some(StoppedBy::MaxTokens));
     }
 
@@ -193,7 +193,10 @@ mod tests {
         o.keep_first = true;
         o.limit = 2;
         let s = pick(&turns, &o);
-        assert_eq!(s.turns.iter().map(|t| t.seq).collect::<Vec<_>>(), [1, 5]);
+        assert_eq!(
+            s.turns.iter().map(|t| t.turn.seq).collect::<Vec<_>>(),
+            [1, 5]
+        );
         assert_eq!(s.stopped_by, Some(StoppedBy::Limit));
     }
 
@@ -207,7 +210,7 @@ mod tests {
         let mut o = opts(Format::Text, 4096);
         o.max_bytes = 8;
         let s = pick(&turns, &o);
-        assert_eq!(s.turns.iter().map(|t| t.seq).collect::<Vec<_>>(), [3]);
+        assert_eq!(s.turns.iter().map(|t| t.turn.seq).collect::<Vec<_>>(), [3]);
         assert_eq!((s.bytes, s.stopped_by), (4, Some(StoppedBy::MaxBytes)));
         o.max_bytes = 4 + 5 + 4;
         let s = pick(&turns, &o);
@@ -234,8 +237,8 @@ mod tests {
         o.max_answer_chars = Some(9);
         o.max_query_chars = Some(50);
         let s = pick(&turns, &o);
-        assert_eq!(s.turns[0].final_answer, "ünïcode ✓ [truncated]");
-        assert_eq!(s.turns[0].user_query, "héllo wörld");
+        assert_eq!(s.turns[0].turn.final_answer, "ünïcode ✓ [truncated]");
+        assert_eq!(s.turns[0].turn.user_query, "héllo wörld");
         assert!(s.turns[0].truncated);
         assert_eq!(
             s.token_count,
@@ -334,7 +337,7 @@ mod tests {
             prop_assert!(s.token_count <= max_tokens);
             prop_assert!(s.bytes <= max_bytes);
             prop_assert_eq!(s.token_count, fresh_count(&s, format, encoding));
-            let bytes: usize = s.turns.iter().map(|t| t.user_query.len() + t.final_answer.len()).sum();
+            let bytes: usize = s.turns.iter().map(|t| t.turn.user_query.len() + t.turn.final_answer.len()).sum();
             prop_assert_eq!(s.bytes, bytes as u64);
             prop_assert!(s.turns.len() <= limit);
             prop_assert_eq!(s.stopped_by.is_none(), s.turns.len() == turns.len());
@@ -348,7 +351,7 @@ mod tests {
             let turns: Vec<_> = pairs.iter().enumerate()
                 .map(|(i, (q, a))| turn(i as u64 + 1, q, a)).collect();
             let s = pick(&turns, &opts(Format::Turns, max_tokens));
-            let seqs: Vec<u64> = s.turns.iter().map(|t| t.seq).collect();
+            let seqs: Vec<u64> = s.turns.iter().map(|t| t.turn.seq).collect();
             let n = turns.len() as u64;
             let expected: Vec<u64> = (n + 1 - seqs.len() as u64..=n).collect();
             prop_assert_eq!(seqs, expected);

@@ -7,7 +7,7 @@
 
 use crate::domain::TurnId;
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
-use crate::turn::Millis;
+use crate::turn::{Millis, TurnView};
 
 /// Per-message overhead of the `messages` rendering, in tokens.
 pub const MESSAGE_OVERHEAD: u32 = 4;
@@ -145,12 +145,8 @@ pub struct Candidate {
 /// A turn as it goes into the history: its contents may be truncated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SelectedTurn {
-    pub turn_id: TurnId,
-    pub seq: u64,
-    pub started_at: Millis,
-    pub finalized_at: Millis,
-    pub user_query: String,
-    pub final_answer: String,
+    pub turn: TurnView,
+    /// A content was cut (the stored turn is whole).
     pub truncated: bool,
 }
 
@@ -355,12 +351,14 @@ impl Selector {
         let bytes = (user_query.len() + final_answer.len()) as u64;
         let cost = Cost::of(self.opts.format, &q, &a, bytes);
         let turn = SelectedTurn {
-            turn_id: c.turn_id,
-            seq: c.seq,
-            started_at: c.started_at,
-            finalized_at: c.finalized_at,
-            user_query,
-            final_answer,
+            turn: TurnView {
+                turn_id: c.turn_id,
+                seq: c.seq,
+                started_at: c.started_at,
+                finalized_at: c.finalized_at,
+                user_query,
+                final_answer,
+            },
             truncated: query_cut || answer_cut,
         };
         (turn, cost)

@@ -183,13 +183,8 @@ impl From<TurnView> for TurnOut {
 impl From<SelectedTurn> for TurnOut {
     fn from(t: SelectedTurn) -> Self {
         TurnOut {
-            turn_id: t.turn_id.to_string(),
-            seq: t.seq,
-            user_query: t.user_query,
-            final_answer: t.final_answer,
-            started_at: rfc3339(t.started_at),
-            finalized_at: rfc3339(t.finalized_at),
             truncated: t.truncated,
+            ..TurnOut::from(t.turn)
         }
     }
 }
