@@ -224,21 +224,20 @@ impl RedisStore {
         if v == Value::Nil {
             return Ok(None);
         }
-        // {owner, created_at, last_active_at, turn_count, pending_count, pttl}
-        let mut r = Reply::array(v)?;
-        let user_id = r.owner()?;
-        let created_at = r.int()?;
-        let last_active_at = r.int()?;
-        let turn_count = r.uint()?;
-        let pending_count = r.uint()?;
-        let pttl = r.int()?;
-        Ok(Some(SessionInfo {
-            user_id,
-            created_at,
-            last_active_at,
-            expires_at: now + pttl.max(0),
-            turn_count,
-            pending_count,
-        }))
+        session_info(v, now).map(Some)
     }
+}
+
+/// `lua/session_info.lua` on an existing session: `{owner or '',
+/// created_at, last_active_at, turn_count, pending_count, pttl}`.
+fn session_info(v: Value, now: Millis) -> Result<SessionInfo, StoreError> {
+    let mut r = Reply::array(v)?;
+    Ok(SessionInfo {
+        user_id: r.owner()?,
+        created_at: r.int()?,
+        last_active_at: r.int()?,
+        turn_count: r.uint()?,
+        pending_count: r.uint()?,
+        expires_at: now + r.int()?.max(0),
+    })
 }
