@@ -16,7 +16,8 @@
 --     by deadline, all above 1e12) share one zset (s). New suffixes
 --     (m t o p d i -> h r s), so a session still under its old meta key
 --     is one not yet migrated; turn ids are their 16 bytes;
---   - meta's indexed_at (the last index write) becomes ix (the time the
+--   - meta counts the finalized turns (n), and its indexed_at (the last
+--     index write) becomes ix (the time the
 --     owner's index entry reaches until: indexed_at + the index horizon);
 --     the runner rebuilds every user index from the sessions (P:u:<user>,
 --     written before a session is finished) and drops the old ones
@@ -129,6 +130,8 @@ if owner ~= '' then
   fields[#fields + 1] = 'ix'
   fields[#fields + 1] = num(ix)
 end
+fields[#fields + 1] = 'n'
+fields[#fields + 1] = redis.call('ZCOUNT', KEYS[9], '-inf', '(1000000000000')
 redis.call('HSET', KEYS[7], unpack(fields))
 -- Turns a layout-3 session held without an order entry (or keys naming
 -- no turn) were never readable: they go with the old keys.

@@ -185,6 +185,10 @@ impl Connections {
         }
     }
 
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
     /// Runs `f` on a connection, bounded by the store timeout.
     pub async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where

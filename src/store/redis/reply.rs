@@ -72,6 +72,17 @@ impl Reply {
         }
     }
 
+    pub fn uint_of(v: Value) -> Result<u64, StoreError> {
+        match v {
+            Value::Int(i) => {
+                u64::try_from(i).map_err(|_| corrupt("expected a non-negative integer"))
+            }
+            v => Self::string_of(v)?
+                .parse()
+                .map_err(|_| corrupt("expected a non-negative integer")),
+        }
+    }
+
     pub fn uint(&mut self) -> Result<u64, StoreError> {
         u64::try_from(self.int()?).map_err(|_| corrupt("expected a non-negative integer"))
     }

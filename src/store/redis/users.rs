@@ -18,7 +18,6 @@
 
 use std::time::Duration;
 
-use futures_util::future::join_all;
 use redis::Value;
 use tokio::time::Instant;
 
@@ -60,6 +59,16 @@ impl Probe {
             _ => Probe::Stale,
         })
     }
+}
+
+/// The entries that name a valid session id (one turnstore wrote), each
+/// with its time as a script argument.
+fn sessions_with_times(entries: &[(String, Millis)]) -> Vec<(&str, Vec<u8>)> {
+    entries
+        .iter()
+        .filter(|(s, _)| SessionId::parse(s.as_str()).is_ok())
+        .map(|(s, t)| (s.as_str(), t.to_string().into_bytes()))
+        .collect()
 }
 
 /// Index entries `(session, time)`, from `ZREVRANGEBYSCORE … WITHSCORES`.
@@ -134,19 +143,32 @@ impl RedisStore {
         entries(self.conn.query(cmd).await?)
     }
 
-    async fn probe(&self, user: &str, session: &str, time: Millis) -> Result<Probe, StoreError> {
-        if SessionId::parse(session).is_err() {
-            // Never written by turnstore; a session script could not run on it.
-            return Ok(Probe::Stale);
-        }
-        let v: Value = self
-            .run_session(
+    /// Probes each entry's session (`lua/probe.lua`); an entry naming no
+    /// valid session id (never written by turnstore) is stale.
+    async fn probe(
+        &self,
+        user: &str,
+        entries: &[(String, Millis)],
+    ) -> Result<Vec<Probe>, StoreError> {
+        let valid = |s: &str| SessionId::parse(s).is_ok();
+        let mut replies = self
+            .run_per_session(
                 &self.scripts.probe,
-                session,
-                args![user, time, ms(FENCE_TTL)],
+                args![user, ms(FENCE_TTL)],
+                sessions_with_times(entries),
             )
-            .await?;
-        Probe::parse(v)
+            .await?
+            .into_iter();
+        entries
+            .iter()
+            .map(|(s, _)| {
+                if valid(s) {
+                    Probe::parse(replies.next().unwrap_or(Value::Nil))
+                } else {
+                    Ok(Probe::Stale)
+                }
+            })
+            .collect()
     }
 
     pub(super) async fn clear(&self, session: &SessionId) -> Result<(), StoreError> {
@@ -163,11 +185,11 @@ impl RedisStore {
         let Some(time) = self.conn.query::<Option<f64>>(cmd).await? else {
             return Ok(());
         };
-        let seen = (session.to_string(), time as Millis);
-        match self.probe(&owner, &seen.0, seen.1).await? {
+        let seen = [(session.to_string(), time as Millis)];
+        match self.probe(&owner, &seen).await?.pop() {
             // Claimed again since: its entry stays.
-            Probe::Live { .. } => Ok(()),
-            Probe::Stale => self.unindex(&owner, &[seen]).await,
+            Some(Probe::Live { .. }) => Ok(()),
+            _ => self.unindex(&owner, &seen).await,
         }
     }
 
@@ -184,12 +206,12 @@ impl RedisStore {
         while sessions.len() < limit && examined < cap {
             let want = (limit - sessions.len()).min(cap - examined);
             let page = self.index_page(user, bound, want).await?;
-            let probes = join_all(page.iter().map(|(s, t)| self.probe(user, s, *t))).await;
+            let probes = self.probe(user, &page).await?;
             let mut stale = Vec::new();
             for ((session, time), probe) in page.iter().zip(probes) {
                 examined += 1;
                 last = Some(*time);
-                match probe? {
+                match probe {
                     Probe::Live {
                         last_active_at,
                         turn_count,
@@ -230,20 +252,15 @@ impl RedisStore {
         let (mut deleted_sessions, mut bound) = (0, None);
         loop {
             let page = self.index_page(user, bound, ERASE_BATCH).await?;
-            let erased = join_all(page.iter().map(|(session, time)| async move {
-                if SessionId::parse(session.as_str()).is_err() {
-                    return Ok(0);
-                }
-                self.run_session::<u64>(
-                    &self.scripts.erase_session,
-                    session,
-                    args![user, *time, ms(FENCE_TTL)],
+            let erased = self
+                .run_per_session(
+                    &self.scripts.erase_sessions,
+                    args![user, ms(FENCE_TTL)],
+                    sessions_with_times(&page),
                 )
-                .await
-            }))
-            .await;
+                .await?;
             for e in erased {
-                deleted_sessions += e?;
+                deleted_sessions += Reply::uint_of(e)?;
             }
             self.unindex(user, &page).await?;
             match page.last() {

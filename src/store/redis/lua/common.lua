@@ -1,16 +1,18 @@
 -- Shared by every session script (layout 4). KEYS, all under one
 -- {session_id} hash tag, so one slot; three of them, as every write
 -- slides the TTL of each:
---   1 h  meta hash: user_id, created_at, last_active_at, next_seq, ix (the
---        time the owner's index entry reaches until, see index_add.lua),
---        keyed ('1' once an idempotency key was used), and one field per
+--   1 h  meta hash: user_id, created_at, last_active_at, next_seq, n (the
+--        finalized turns), ix (the time the owner's index entry reaches
+--        until, see index_add.lua), keyed ('1' once an idempotency key was
+--        used), and one field per
 --        idempotency key: 'k:' .. key -> turn id .. seq .. ' ' .. request hash
 --   2 r  records hash: turn id -> pending or finalized record
 --   3 s  turns zset, in two ranges of scores: finalized turns scored by
 --        their seq (below LIVE), members turn id .. costs (COSTS below);
 --        pending turns scored by the ms they expire (above LIVE: every
 --        deadline is past 2001), members their turn id alone
---   4 f  fences hash: user -> index time (see fence; not a session key)
+--   4 f  fences zset: user scored by an index time (see fence; not a
+--        session key)
 -- Turn ids are the 16 bytes of the UUID. Records are one header line, then
 -- the texts as they are (no escaping, so a read can cut them):
 --   pending   "?<seq> <started_at> <key> <enc> <q> <u>\n<query>"
@@ -60,10 +62,6 @@ local function forget(ids, keyed)
   redis.call('HDEL', KEYS[2], unpack(ids))
 end
 
-local function finalized_count()
-  return redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. LIVE)
-end
-
 local function live_pending(now)
   return redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
 end
@@ -73,9 +71,9 @@ local function touch(ttl)
 end
 
 -- Marks that the index entry (user, time) may be removed: a claim of this
--- session by that user must then bring an entry written later (start_turn.lua).
-local function fence(user, time, ttl)
-  local old = tonumber(redis.call('HGET', KEYS[4], user) or '0')
-  if tonumber(time) > old then redis.call('HSET', KEYS[4], user, time) end
-  redis.call('PEXPIRE', KEYS[4], ttl)
+-- session by that user must then bring an entry written later
+-- (start_turn.lua). `key`: the session's fences.
+local function fence(key, user, time, ttl)
+  redis.call('ZADD', key, 'GT', time, user)
+  redis.call('PEXPIRE', key, ttl)
 end

@@ -13,4 +13,5 @@ if is_pending(rec) then
 end
 local seq = string.match(rec, '^(%d+)')
 redis.call('ZREMRANGEBYSCORE', KEYS[3], seq, seq)
+redis.call('HINCRBY', KEYS[1], 'n', -1)
 return 'finalized'

@@ -21,14 +21,17 @@ redis.call('HSET', KEYS[2], tid, done)
 redis.call('ZREM', KEYS[3], tid)
 redis.call('ZADD', KEYS[3], seq, member)
 
-local excess = finalized_count() - max_turns
+local meta = redis.call('HMGET', KEYS[1], 'n', 'keyed')
+local count = tonumber(meta[1] or '0') + 1
+local excess = count - max_turns
 if excess > 0 then
   -- The lowest scores are the oldest finalized turns.
   local old = redis.call('ZPOPMIN', KEYS[3], math.min(excess, TRIM))
   local ids = {}
   for i = 1, #old, 2 do ids[#ids + 1] = string.sub(old[i], 1, ID) end
-  forget(ids, redis.call('HEXISTS', KEYS[1], 'keyed') == 1)
+  forget(ids, meta[2])
+  count = count - #ids
 end
-redis.call('HSET', KEYS[1], 'last_active_at', now)
+redis.call('HSET', KEYS[1], 'last_active_at', now, 'n', count)
 touch(session_ttl)
 return {'ok', done}

@@ -17,7 +17,7 @@ local now, session_ttl, pending_ttl, cap, needed, written, reading =
 local user, tid_new, tail, key, hash, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 reading = reading == 1
 
-local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key)
+local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n')
 local owner = meta[1]
 if owner == '' then owner = false end
 if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
@@ -73,7 +73,7 @@ local claim = (not owner) and user ~= ''
 local indexed = owner or (claim and user)
 if indexed then
   if indexed_for == indexed then
-    local fenced = tonumber(redis.call('HGET', KEYS[4], indexed) or '0')
+    local fenced = tonumber(redis.call('ZSCORE', KEYS[4], indexed) or '0')
     if fenced >= written then return {'need_index', indexed, fenced} end
   elseif claim or tonumber(meta[2] or '0') < now + needed then
     return {'need_index', indexed, 0}
@@ -103,6 +103,6 @@ end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail)
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
-local page = reading and walk(8, seq) or false
+local page = reading and walk(8, seq, tonumber(meta[6] or '0')) or false
 touch(session_ttl)
 return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired}

@@ -11,7 +11,9 @@
 -- then the budget state: inner sum, newest inner (-1: none), newest last,
 -- bytes; then the encoding letter, and flags: text (1) or messages (0),
 -- keep_first, newest may change.
--- `before` (optional) lowers the upper bound (a start's own seq).
+-- `before` (optional) lowers the upper bound (a start's own seq); `count`
+-- (optional) is the session's finalized turns, the candidates' number
+-- when the read's range is all of them.
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries}, each
 -- entry (first too) a member and its record; a record cut for a truncating
@@ -28,7 +30,7 @@ local BATCH = 64
 
 local WALK_ARGS = '>ddddddddddddc1BBB'
 
-local function walk(at, before)
+local function walk(at, before, count)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
     inner_sum, ni, nl, bytes, enc, text, keep_first, change = struct.unpack(WALK_ARGS, ARGV[at])
   text, keep_first, change = text == 1, keep_first == 1, change == 1
@@ -40,7 +42,12 @@ local function walk(at, before)
 
   local lower = '(' .. after
   local upper = upper_seq and ('(' .. upper_seq) or ('(' .. LIVE)
-  local total = redis.call('ZCOUNT', KEYS[3], lower, upper)
+  local total
+  if count and after == 0 and (not upper_seq or upper_seq == before) then
+    total = count -- every finalized turn is below a start's own seq
+  else
+    total = redis.call('ZCOUNT', KEYS[3], lower, upper)
+  end
   local cut_q = max_q > 0 and 4 * (max_q + 1) or nil
   local cut_a = max_a > 0 and 4 * (max_a + 1) or nil
   local unpack_costs = struct.unpack
