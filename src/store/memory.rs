@@ -10,8 +10,8 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
-    EXAMINED_PER_LISTED, Erased, Finalized, Limits, SessionInfo, SessionSummary, SessionsPage,
-    StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
+    EXAMINED_PER_LISTED, Erased, Finalized, Limits, Pace, SessionInfo, SessionSummary,
+    SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::{Candidate, Content, Options, select};
@@ -489,7 +489,7 @@ impl Store for MemoryStore {
     }
 
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
-        let deadline = Instant::now() + budget;
+        let mut pace = Pace::new(budget);
         let mut deleted_sessions = 0;
         let mut below = Millis::MAX;
         loop {
@@ -520,7 +520,7 @@ impl Store for MemoryStore {
                     _ => break,
                 }
             }
-            if Instant::now() >= deadline {
+            if !pace.another() {
                 return Ok(Erased {
                     deleted_sessions,
                     complete: false,

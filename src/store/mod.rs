@@ -61,6 +61,34 @@ pub fn next_index_time(now: Millis, horizon: Duration, top: Option<Millis>, min:
 /// are met) cannot make one request long.
 pub const EXAMINED_PER_LISTED: usize = 10;
 
+/// Paces work done in rounds (an erasure) within a time budget: after each
+/// round, another starts only if one twice as long as the longest so far
+/// would still end in time.
+pub(crate) struct Pace {
+    deadline: tokio::time::Instant,
+    round_began: tokio::time::Instant,
+    longest: Duration,
+}
+
+impl Pace {
+    pub(crate) fn new(budget: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        Pace {
+            deadline: now + budget,
+            round_began: now,
+            longest: Duration::ZERO,
+        }
+    }
+
+    /// A round is done: may another start?
+    pub(crate) fn another(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        self.longest = self.longest.max(now - self.round_began);
+        self.round_began = now;
+        now + 2 * self.longest < self.deadline
+    }
+}
+
 pub(crate) fn ms(d: Duration) -> Millis {
     Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }
@@ -211,8 +239,9 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> Result<SessionsPage, StoreError>;
 
-    /// Deletes the user's sessions for at most `budget`; a later call
-    /// continues with what is left.
+    /// Deletes the user's sessions, in rounds, as long as another round
+    /// fits in `budget` (see `Pace`); a later call continues with what is
+    /// left.
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError>;
 
     /// Succeeds when the store answers.

@@ -19,14 +19,13 @@
 use std::time::Duration;
 
 use redis::Value;
-use tokio::time::Instant;
 
 use super::RedisStore;
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::{SessionId, UserId};
 use crate::store::{
-    EXAMINED_PER_LISTED, Erased, INDEX_SKEW, SessionSummary, SessionsPage, StoreError, ms,
+    EXAMINED_PER_LISTED, Erased, INDEX_SKEW, Pace, SessionSummary, SessionsPage, StoreError, ms,
 };
 use crate::turn::Millis;
 
@@ -247,7 +246,7 @@ impl RedisStore {
         user: &UserId,
         budget: Duration,
     ) -> Result<Erased, StoreError> {
-        let deadline = Instant::now() + budget;
+        let mut pace = Pace::new(budget);
         let user = user.as_str();
         let (mut deleted_sessions, mut bound) = (0, None);
         loop {
@@ -272,7 +271,7 @@ impl RedisStore {
                     });
                 }
             }
-            if Instant::now() >= deadline {
+            if !pace.another() {
                 return Ok(Erased {
                     deleted_sessions,
                     complete: false,
