@@ -5,8 +5,10 @@
 --     the question's and answer's counts, q, u, a, s, l, question bytes,
 --     answer bytes), so a read walks them newest first and stops at its
 --     budget;
---   - records become a header line and the raw texts (no JSON), so a
---     truncating read can take only the beginning of a text:
+--   - records become a header line and the raw texts (no JSON); a
+--     finalized one keeps at most 4 KiB of each text in its head (under
+--     the turn id) and the rest in its tail (under the id .. 't'), so a
+--     truncating read loads heads only:
 --       pending   "?<seq> <started_at> <key|-> <enc> <q> <u>\n<query>"
 --       finalized "<seq> <started_at> <finalized_at> <key|-> <query bytes>\n<query><answer>"
 --   - three keys a session instead of six (every write slides the TTL of
@@ -33,6 +35,7 @@
 -- moved: index the owner at ix, then call with ARGV[3] = '1'), 'done'.
 -- Idempotent: what was moved is gone from the old keys.
 local COSTS = '>c1c1I4I4I4I4I4I4I4'
+local HEAD = 4096
 local BUDGET, LIMIT = 524288, 256
 local ENC = {o200k_base = 'o', o200k_harmony = 'h', cl100k_base = 'c', p50k_base = 'p',
              p50k_edit = 'e', r50k_base = 'r'}
@@ -76,11 +79,15 @@ while room() do
   if json then
     local r = cjson.decode(json)
     local p, f = r.p, r.f
-    local rec = num(p.s) .. ' ' .. num(p.t) .. ' ' .. num(f.t) .. ' ' .. (p.k or '-') .. ' '
-      .. #p.q .. '\n' .. p.q .. f.a
+    -- The head holds at most HEAD bytes of each text; the tail the rest.
+    local head = num(p.s) .. ' ' .. num(p.t) .. ' ' .. num(f.t) .. ' ' .. (p.k or '-') .. ' '
+      .. #p.q .. '\n' .. string.sub(p.q, 1, HEAD) .. string.sub(f.a, 1, HEAD)
     local member = bin(id) .. struct.pack(COSTS, enc(p.n), enc(f.n), p.n.q, p.n.u,
       f.n.a, f.n.s, f.n.l, #p.q, #f.a)
-    redis.call('HSET', KEYS[8], bin(id), rec)
+    redis.call('HSET', KEYS[8], bin(id), head)
+    if #p.q > HEAD or #f.a > HEAD then
+      redis.call('HSET', KEYS[8], bin(id) .. 't', string.sub(p.q, HEAD + 1) .. string.sub(f.a, HEAD + 1))
+    end
     redis.call('ZADD', KEYS[9], ids[2], member)
     move_key(p.k, id)
     redis.call('HDEL', KEYS[2], id)

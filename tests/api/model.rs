@@ -23,7 +23,18 @@ use crate::harness::{Redis, RedisCluster};
 const SESSIONS: usize = 3;
 const USERS: usize = 2;
 
-/// Texts that move the pre-tokenizer and the truncation around.
+/// Texts that move the pre-tokenizer and the truncation around; and two
+/// longer than a record's head (4 KiB a text in Redis), one with its
+/// characters cut across the head's end.
+fn texts() -> Vec<String> {
+    let mut all: Vec<String> = TEXTS.iter().map(|t| t.to_string()).collect();
+    all.push("A long answer, sentence after sentence. ".repeat(130));
+    all.push("ünïcödé 🙂 ".repeat(290));
+    all
+}
+
+const TEXT_COUNT: usize = TEXTS.len() + 2;
+
 const TEXTS: [&str; 8] = [
     "hi",
     "ends in a newline\n",
@@ -121,8 +132,8 @@ fn read() -> impl Strategy<Value = Read> {
             any::<bool>(),
         ),
         (
-            proptest::option::of(prop_oneof![Just(1usize), Just(3), Just(50)]),
-            proptest::option::of(prop_oneof![Just(1usize), Just(3), Just(50)]),
+            proptest::option::of(prop_oneof![Just(1usize), Just(3), Just(50), Just(1500)]),
+            proptest::option::of(prop_oneof![Just(1usize), Just(3), Just(50), Just(1500)]),
             any::<bool>(),
             0u64..4,
             proptest::option::of(0u64..8),
@@ -151,9 +162,9 @@ fn op() -> impl Strategy<Value = Op> {
     let s = 0..SESSIONS;
     prop_oneof![
         6 => (s.clone(), proptest::option::of(0..USERS), proptest::option::of(0usize..2),
-              0..TEXTS.len(), proptest::option::of(read()))
+              0..TEXT_COUNT, proptest::option::of(read()))
             .prop_map(|(session, user, key, text, read)| Op::Start { session, user, key, text, read }),
-        6 => (s.clone(), 0usize..8, 0..TEXTS.len())
+        6 => (s.clone(), 0usize..8, 0..TEXT_COUNT)
             .prop_map(|(session, turn, text)| Op::Finalize { session, turn, text }),
         1 => (s.clone(), 0usize..8).prop_map(|(session, turn)| Op::Delete { session, turn }),
         4 => (s.clone(), read()).prop_map(|(session, read)| Op::History { session, read }),
@@ -172,6 +183,7 @@ struct Pair {
     users: Vec<UserId>,
     /// Turns started so far, per session (a finalize or delete picks one).
     turns: Vec<Vec<TurnId>>,
+    texts: Vec<String>,
     now: Millis,
 }
 
@@ -212,6 +224,7 @@ impl Pair {
                 .map(|i| UserId::parse(format!("u{i}-{tag}")).unwrap())
                 .collect(),
             turns: vec![Vec::new(); SESSIONS],
+            texts: texts(),
             now: turnstore::turn::now_millis(),
         }
     }
@@ -229,7 +242,8 @@ impl Pair {
                 read,
             } => {
                 let turn_id = TurnId::generate();
-                let query = TEXTS[*text];
+                let query = self.texts[*text].clone();
+                let query = query.as_str();
                 let tokens = QueryTokens::count(Encoding::O200kBase, query);
                 let key = key.map(|k| IdempotencyKey::parse(format!("k{k}")).unwrap());
                 let hash = format!("h{text}");
@@ -266,7 +280,8 @@ impl Pair {
                 let Some(turn) = self.pick(*session, *turn) else {
                     return (String::new(), String::new());
                 };
-                let answer = TEXTS[*text];
+                let answer = self.texts[*text].clone();
+                let answer = answer.as_str();
                 let end = Finalization {
                     final_answer: answer.to_owned(),
                     finalized_at: now,
@@ -421,7 +436,7 @@ fn memory_and_redis_agree_at_every_budget() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut pair = Pair::new(settings, 0).await;
-        for (i, text) in TEXTS.iter().enumerate() {
+        for (i, text) in texts().iter().enumerate() {
             let start = Op::Start {
                 session: 0,
                 user: None,
@@ -433,7 +448,7 @@ fn memory_and_redis_agree_at_every_budget() {
             let finalize = Op::Finalize {
                 session: 0,
                 turn: i,
-                text: (i + 3) % TEXTS.len(),
+                text: (i + 3) % TEXT_COUNT,
             };
             let (m, r) = pair.apply(&finalize).await;
             assert_eq!(m, r, "{text:?}");
@@ -464,6 +479,11 @@ fn memory_and_redis_agree_at_every_budget() {
                         },
                         Read {
                             max_answer_chars: Some(20),
+                            ..read.clone()
+                        },
+                        Read {
+                            max_query_chars: Some(1100),
+                            max_answer_chars: Some(1500),
                             ..read.clone()
                         },
                         Read {

@@ -424,15 +424,10 @@ async fn layout_3_data_is_migrated_and_served() {
         &[first.clone(), second.clone()],
         &[(open.clone(), now + 600_000), (stale.clone(), now - 1)],
     );
+    // Answers longer than a layout-4 record's head (4 KiB a text).
+    let long_answer = "words and more words ".repeat(300);
     let big: Vec<FinalizedTurn> = (1..=300)
-        .map(|i| {
-            finalized(
-                i,
-                &format!("question {i}"),
-                &"words and more words ".repeat(100),
-                now,
-            )
-        })
+        .map(|i| finalized(i, &format!("question {i}"), &long_answer, now))
         .collect();
     write_layout_3_session(&redis, "l3-big", "l3-user", &big, &[]);
     write_layout_3_session(&redis, "l3-unlisted", "l3-user", &big[..1], &[]);
@@ -492,6 +487,7 @@ async fn layout_3_data_is_migrated_and_served() {
     assert_eq!(whole["included_turns"], 300);
     assert_eq!(whole["turns"][299]["seq"], 300);
     assert_eq!(whole["turns"][0]["user_query"], "question 1");
+    assert_eq!(whole["turns"][299]["final_answer"], long_answer.as_str());
     let tail =
         get("/v1/sessions/l3-big/history?limit=2&format=messages&encoding=cl100k_base").await;
     let counted: usize = tail["messages"]

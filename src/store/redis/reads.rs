@@ -129,12 +129,14 @@ impl HistoryReply {
     }
 }
 
-/// Flat `member, record` pairs.
+/// Flat `member, record, tail or false` triples.
 fn candidates(mut r: Reply) -> Result<Vec<Candidate>, StoreError> {
     let mut out = Vec::new();
     while let Ok(member) = r.next() {
         let member = Reply::bytes_of(member)?;
-        out.push(record::candidate(&member, &r.bytes()?)?);
+        let rec = r.bytes()?;
+        let tail = Reply::opt_bytes_of(r.next()?)?;
+        out.push(record::candidate(&member, &rec, tail.as_deref())?);
     }
     Ok(out)
 }

@@ -131,15 +131,34 @@ pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts), StoreError> {
     Ok((turn_id(&bytes[..ID_LEN])?, costs))
 }
 
-/// An entry of a history page: a member and its record, maybe cut.
-pub fn candidate(member_bytes: &[u8], rec: &[u8]) -> Result<Candidate, StoreError> {
+/// An entry of a history page: a member, its record (maybe cut) and, for a
+/// whole turn longer than a record's head, its tail (the rest of the
+/// question, then of the answer).
+pub fn candidate(
+    member_bytes: &[u8],
+    rec: &[u8],
+    tail: Option<&[u8]>,
+) -> Result<Candidate, StoreError> {
     let (turn_id, costs) = member(member_bytes)?;
     let f = finalized(rec)?;
-    let content = |bytes: &[u8], full: u32| {
+    let (query, answer) = match tail {
+        None => (f.query.to_vec(), f.answer.to_vec()),
+        Some(tail) => {
+            let rest = (costs.query_bytes as usize)
+                .checked_sub(f.query.len())
+                .filter(|r| *r <= tail.len())
+                .ok_or_else(|| corrupt("a record's tail and its member disagree"))?;
+            (
+                [f.query, &tail[..rest]].concat(),
+                [f.answer, &tail[rest..]].concat(),
+            )
+        }
+    };
+    let content = |bytes: Vec<u8>, full: u32| {
         if bytes.len() > full as usize {
             return Err(corrupt("a record and its member disagree"));
         }
-        Content::from_prefix(bytes.to_vec(), full as usize)
+        Content::from_prefix(bytes, full as usize)
             .ok_or_else(|| corrupt("a stored text is not UTF-8"))
     };
     Ok(Candidate {
@@ -147,8 +166,8 @@ pub fn candidate(member_bytes: &[u8], rec: &[u8]) -> Result<Candidate, StoreErro
         seq: f.seq,
         started_at: f.started_at,
         finalized_at: f.finalized_at,
-        user_query: content(f.query, costs.query_bytes)?,
-        final_answer: content(f.answer, costs.answer_bytes)?,
+        user_query: content(query, costs.query_bytes)?,
+        final_answer: content(answer, costs.answer_bytes)?,
         costs,
     })
 }

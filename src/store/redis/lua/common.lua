@@ -6,7 +6,8 @@
 --        until, see index_add.lua), keyed ('1' once an idempotency key was
 --        used), and one field per
 --        idempotency key: 'k:' .. key -> turn id .. seq .. ' ' .. request hash
---   2 r  records hash: turn id -> pending or finalized record
+--   2 r  records hash: turn id -> pending record, or a finalized record's
+--        head; turn id .. 't' -> its tail, if it has one (see HEAD)
 --   3 s  turns zset, in two ranges of scores: finalized turns scored by
 --        their seq (below LIVE), members turn id .. costs (COSTS below);
 --        pending turns scored by the ms they expire (above LIVE: every
@@ -19,6 +20,10 @@
 --   finalized "<seq> <started_at> <finalized_at> <key> <query bytes>\n<query><answer>"
 -- key is the idempotency key or '-' (keys never start with '-'), enc the
 -- letter of the encoding the counts are in, q and u the question's counts.
+-- A finalized record is kept as its head (the header and at most HEAD bytes
+-- of each text) and, when a text is longer, its tail (the rest of the
+-- question, then the rest of the answer), so that a read truncating to at
+-- most HEAD / 4 - 1 characters loads heads only, whatever the turns hold.
 -- Times are milliseconds since the epoch, given by the caller.
 
 -- After the turn id in a finalized turn's member: the encodings of the
@@ -33,6 +38,7 @@ local LIVE = '1000000000000'
 -- backlog is worked off by the next calls, none of them long.
 local PURGE = 128
 local TRIM = 128
+local HEAD = 4096
 
 local function is_pending(rec)
   return string.byte(rec, 1) == 63 -- '?'
@@ -51,15 +57,43 @@ local function drop_key(key, turn_id)
   if e and string.sub(e, 1, ID) == turn_id then redis.call('HDEL', KEYS[1], 'k:' .. key) end
 end
 
--- Removes turns' records; frees their keys if the session ever had keys.
+-- Removes turns' records (heads and tails); frees their keys if the
+-- session ever had keys.
 local function forget(ids, keyed)
+  local fields = {}
   for _, id in ipairs(ids) do
     if keyed then
       local rec = redis.call('HGET', KEYS[2], id)
       if rec then drop_key(key_of(rec), id) end
     end
+    fields[#fields + 1] = id
+    fields[#fields + 1] = id .. 't'
   end
-  redis.call('HDEL', KEYS[2], unpack(ids))
+  redis.call('HDEL', KEYS[2], unpack(fields))
+end
+
+-- A finalized record's head and tail (nil when both texts fit the head).
+local function split(header, query, answer)
+  local head = header .. '\n' .. string.sub(query, 1, HEAD) .. string.sub(answer, 1, HEAD)
+  if #query <= HEAD and #answer <= HEAD then return head, nil end
+  return head, string.sub(query, HEAD + 1) .. string.sub(answer, HEAD + 1)
+end
+
+-- A finalized record holding the first `q` bytes of its question and `a`
+-- of its answer (whole: `qb` and `ab`), from its head and tail; the last
+-- header field says how much of the question it holds.
+local function assemble(head, tail, qb, ab, q, a)
+  if not tail and q == qb and a == ab then return head end
+  local prefix, nl = string.match(head, '^(%d+ %d+ %d+ %S+ )%d+\n()')
+  local qh = math.min(qb, HEAD)
+  local query = string.sub(head, nl, nl + math.min(q, qh) - 1)
+  local answer = string.sub(head, nl + qh, nl + qh + math.min(a, HEAD) - 1)
+  if q > HEAD then query = query .. string.sub(tail, 1, q - HEAD) end
+  if a > HEAD then
+    local qt = math.max(qb - HEAD, 0)
+    answer = answer .. string.sub(tail, qt + 1, qt + a - HEAD)
+  end
+  return prefix .. q .. '\n' .. query .. answer
 end
 
 local function live_pending(now)

@@ -16,9 +16,11 @@
 -- when the read's range is all of them.
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries}, each
--- entry (first too) a member and its record; a record cut for a truncating
--- read holds only the beginning of each text, and its header's last field
--- says how much of the question it holds (the member has the full sizes).
+-- entry (first too) a member, a record and a tail or false. The record's
+-- header's last field says how much of the question it holds (the member
+-- has the whole sizes): a record cut for a truncating read holds the
+-- beginnings of the texts; a whole turn with a tail comes as its head and
+-- its tail (the rest of the question, then of the answer), to be joined.
 -- Hot: per turn, locals only.
 -- A page: at most this many turns, and records of at most LOADED bytes
 -- (what HMGET copies, whole records even when a truncating read returns
@@ -103,11 +105,17 @@ local function walk(at, before, count)
         end
         bytes = bytes + qb + ab
       end
-      loaded = loaded + qb + ab
-      if not exact then
-        if cut_q and qb > cut_q then qb = cut_q end
-        if cut_a and ab > cut_a then ab = cut_a end
+      -- What the read needs of the texts, and what loading it costs: the
+      -- head alone, unless the read needs more than it holds.
+      local q_need, a_need = qb, ab
+      if cut_q and qb > cut_q then q_need = cut_q end
+      if cut_a and ab > cut_a then a_need = cut_a end
+      if q_need > HEAD or a_need > HEAD or (qb <= HEAD and ab <= HEAD) then
+        loaded = loaded + qb + ab
+      else
+        loaded = loaded + (qb > HEAD and HEAD or qb) + (ab > HEAD and HEAD or ab)
       end
+      qb, ab = q_need, a_need
       room = room - 1
       n = n + 1
       taken[n] = m
@@ -136,26 +144,47 @@ local function walk(at, before, count)
     cursor = '(' .. redis.call('ZSCORE', KEYS[3], last_m)
   end
 
-  -- The records of what is returned, cut to what a truncating read needs.
-  local ids = {}
-  for i = 1, n do ids[i] = string.sub(taken[i], 1, ID) end
+  -- The records of what is returned, cut to what a truncating read needs:
+  -- heads, and the tails of turns the read needs more of.
+  local ids, tails, tail_of = {}, {}, {}
+  local function needs(qb, ab)
+    if cut_q and qb > cut_q then qb = cut_q end
+    if cut_a and ab > cut_a then ab = cut_a end
+    return qb, ab
+  end
+  for i = 1, n do
+    local id = string.sub(taken[i], 1, ID)
+    ids[i] = id
+    local _, _, _, _, _, _, qb, ab = unpack_costs(FMT, taken[i], ID + 1)
+    local q, a = needs(qb, ab)
+    if q > HEAD or a > HEAD then
+      tails[#tails + 1] = id .. 't'
+      tail_of[i] = #tails
+    end
+  end
   local recs = n > 0 and redis.call('HMGET', KEYS[2], unpack(ids)) or {}
+  local tail_recs = #tails > 0 and redis.call('HMGET', KEYS[2], unpack(tails)) or {}
   local first, entries = false, {}
   for i = 1, n do
     local m, rec = taken[i], recs[i]
     if not rec then return redis.error_reply('turnstore: a turn has no record') end
-    if cut_q or cut_a then
-      local _, _, _, _, _, _, qb, ab = unpack_costs(FMT, m, ID + 1)
-      local q, a = math.min(qb, cut_q or qb), math.min(ab, cut_a or ab)
-      local head, texts = string.match(rec, '^(%d+ %d+ %d+ %S+ )%d+\n()')
-      rec = head .. q .. '\n' .. string.sub(rec, texts, texts + q - 1)
-        .. string.sub(rec, texts + qb, texts + qb + a - 1)
+    local _, _, _, _, _, _, qb, ab = unpack_costs(FMT, m, ID + 1)
+    local tail = tail_of[i] and tail_recs[tail_of[i]] or false
+    local q, a = needs(qb, ab)
+    if tail and q == qb and a == ab then
+      -- The whole turn: its head and tail go as they are (the caller joins
+      -- them; no large copy here), the header saying what the head holds.
+      local prefix, texts = string.match(rec, '^(%d+ %d+ %d+ %S+ )%d+\n()')
+      rec = prefix .. math.min(qb, HEAD) .. '\n' .. string.sub(rec, texts)
+    else
+      rec, tail = assemble(rec, tail, qb, ab, q, a), false
     end
     if has_first and i == 1 then
-      first = {m, rec}
+      first = {m, rec, tail}
     else
       entries[#entries + 1] = m
       entries[#entries + 1] = rec
+      entries[#entries + 1] = tail
     end
   end
   return {status or 'done', reason, next_before, total, first, entries}
