@@ -1,12 +1,14 @@
 -- A user's index (KEYS[1]). ARGV: session, time, session, time, ...
+-- (at most a few thousand pairs: unpacked whole).
 -- Removes each entry that still has the time the caller saw: an entry
 -- written since (a new claim) stays. Returns how many went.
-local n = 0
-for i = 1, #ARGV, 2 do
-  local t = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if t and tonumber(t) == tonumber(ARGV[i + 1]) then
-    redis.call('ZREM', KEYS[1], ARGV[i])
-    n = n + 1
-  end
+local sessions = {}
+for i = 1, #ARGV, 2 do sessions[#sessions + 1] = ARGV[i] end
+local times = redis.call('ZMSCORE', KEYS[1], unpack(sessions))
+local gone = {}
+for i = 1, #sessions do
+  local t = times[i]
+  if t and tonumber(t) == tonumber(ARGV[2 * i]) then gone[#gone + 1] = sessions[i] end
 end
-return n
+if #gone > 0 then redis.call('ZREM', KEYS[1], unpack(gone)) end
+return #gone

@@ -58,7 +58,9 @@ local function walk(at, before, count)
 
   local exact = true
   local cap_n, cap_b = WALK, LOADED
-  local taken, n = {}, 0
+  -- Turns taken; for those not read whole from their heads alone:
+  -- {question bytes, answer bytes, bytes needed of each}.
+  local taken, notes, n = {}, {}, 0
   local status, reason, next_before = nil, '', 0
   local walked, page_bytes, loaded, last_m = 0, 0, 0, nil
 
@@ -106,20 +108,26 @@ local function walk(at, before, count)
         bytes = bytes + qb + ab
       end
       -- What the read needs of the texts, and what loading it costs: the
-      -- head alone, unless the read needs more than it holds.
+      -- head alone, unless the read needs more than it holds. A turn read
+      -- whole from its head alone (the usual) needs no note.
       local q_need, a_need = qb, ab
       if cut_q and qb > cut_q then q_need = cut_q end
       if cut_a and ab > cut_a then a_need = cut_a end
-      if q_need > HEAD or a_need > HEAD or (qb <= HEAD and ab <= HEAD) then
-        loaded = loaded + qb + ab
-      else
-        loaded = loaded + (qb > HEAD and HEAD or qb) + (ab > HEAD and HEAD or ab)
-      end
-      qb, ab = q_need, a_need
-      room = room - 1
       n = n + 1
       taken[n] = m
-      walked, page_bytes, last_m = walked + 1, page_bytes + qb + ab, m
+      if qb <= HEAD and ab <= HEAD then
+        loaded = loaded + qb + ab
+        if q_need < qb or a_need < ab then notes[n] = {qb, ab, q_need, a_need} end
+      else
+        if q_need > HEAD or a_need > HEAD then
+          loaded = loaded + qb + ab
+        else
+          loaded = loaded + (qb > HEAD and HEAD or qb) + (ab > HEAD and HEAD or ab)
+        end
+        notes[n] = {qb, ab, q_need, a_need}
+      end
+      room = room - 1
+      walked, page_bytes, last_m = walked + 1, page_bytes + q_need + a_need, m
     end
   end
 
@@ -147,17 +155,11 @@ local function walk(at, before, count)
   -- The records of what is returned, cut to what a truncating read needs:
   -- heads, and the tails of turns the read needs more of.
   local ids, tails, tail_of = {}, {}, {}
-  local function needs(qb, ab)
-    if cut_q and qb > cut_q then qb = cut_q end
-    if cut_a and ab > cut_a then ab = cut_a end
-    return qb, ab
-  end
   for i = 1, n do
     local id = string.sub(taken[i], 1, ID)
     ids[i] = id
-    local _, _, _, _, _, _, qb, ab = unpack_costs(FMT, taken[i], ID + 1)
-    local q, a = needs(qb, ab)
-    if q > HEAD or a > HEAD then
+    local note = notes[i]
+    if note and (note[3] > HEAD or note[4] > HEAD) then
       tails[#tails + 1] = id .. 't'
       tail_of[i] = #tails
     end
@@ -166,18 +168,24 @@ local function walk(at, before, count)
   local tail_recs = #tails > 0 and redis.call('HMGET', KEYS[2], unpack(tails)) or {}
   local first, entries = false, {}
   for i = 1, n do
-    local m, rec = taken[i], recs[i]
+    local m, rec, note = taken[i], recs[i], notes[i]
     if not rec then return redis.error_reply('turnstore: a turn has no record') end
-    local _, _, _, _, _, _, qb, ab = unpack_costs(FMT, m, ID + 1)
-    local tail = tail_of[i] and tail_recs[tail_of[i]] or false
-    local q, a = needs(qb, ab)
-    if tail and q == qb and a == ab then
-      -- The whole turn: its head and tail go as they are (the caller joins
-      -- them; no large copy here), the header saying what the head holds.
-      local prefix, texts = string.match(rec, '^(%d+ %d+ %d+ %S+ )%d+\n()')
-      rec = prefix .. math.min(qb, HEAD) .. '\n' .. string.sub(rec, texts)
-    else
-      rec, tail = assemble(rec, tail, qb, ab, q, a), false
+    local tail = false
+    if note then
+      local qb, ab, q, a = note[1], note[2], note[3], note[4]
+      if tail_of[i] then
+        tail = tail_recs[tail_of[i]]
+        if not tail then return redis.error_reply('turnstore: a turn has no tail') end
+      end
+      if tail and q == qb and a == ab then
+        -- The whole turn: its head and tail go as they are (the caller
+        -- joins them; no large copy here), the header saying what the
+        -- head holds.
+        local prefix, texts = string.match(rec, '^(%d+ %d+ %d+ %S+ )%d+\n()')
+        rec = prefix .. math.min(qb, HEAD) .. '\n' .. string.sub(rec, texts)
+      else
+        rec, tail = assemble(rec, tail, qb, ab, q, a), false
+      end
     end
     if has_first and i == 1 then
       first = {m, rec, tail}
