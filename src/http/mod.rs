@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -148,8 +148,12 @@ pub fn router(state: AppState) -> Router {
                         .unwrap_or_default();
                     tracing::info_span!(
                         "request",
-                        method = %req.method(),
-                        route = req.extensions().get::<MatchedPath>().map(MatchedPath::as_str).unwrap_or("unmatched"),
+                        method = method_label(req.method()),
+                        route = req
+                            .extensions()
+                            .get::<MatchedPath>()
+                            .map(MatchedPath::as_str)
+                            .unwrap_or("unmatched"),
                         request_id,
                     )
                 })
@@ -158,6 +162,7 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(middleware::map_request(drop_odd_request_id))
         .with_state(state)
 }
 
@@ -169,8 +174,8 @@ async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|k| digest(k.trim().as_bytes()));
+        .and_then(bearer_token)
+        .map(|k| digest(k.as_bytes()));
     let Some(presented) = presented else {
         return ApiError::Unauthorized.into_response();
     };
@@ -183,6 +188,54 @@ async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) 
         next.run(req).await
     } else {
         ApiError::Unauthorized.into_response()
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme is
+/// case-insensitive (RFC 9110, 11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The longest `x-request-id` kept from a client.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// Keeps a client's `x-request-id` only when it is one value of 1 to
+/// `MAX_REQUEST_ID` visible ASCII characters; otherwise drops it, so that
+/// a new one is made (nothing unbounded is echoed or logged).
+async fn drop_odd_request_id(mut req: Request) -> Request {
+    let headers = req.headers_mut();
+    let mut ids = headers.get_all("x-request-id").iter();
+    let fine = |v: &HeaderValue| {
+        let b = v.as_bytes();
+        (1..=MAX_REQUEST_ID).contains(&b.len()) && b.iter().all(u8::is_ascii_graphic)
+    };
+    let keep = match (ids.next(), ids.next()) {
+        (Some(v), None) => fine(v),
+        (None, _) => true,
+        _ => false,
+    };
+    if !keep {
+        headers.remove("x-request-id");
+    }
+    req
+}
+
+/// The method as a metric label: one of a closed set, so no client can
+/// grow the series.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
     }
 }
 
@@ -213,7 +266,7 @@ async fn time_limit(State(app): State<AppState>, req: Request, next: Next) -> Re
 /// query strings, so no question, answer or key reaches the log.
 async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let method = req.method().to_string();
+    let method = method_label(req.method());
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -238,7 +291,7 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
     );
     app.metrics.observe_request(
         HttpLabels {
-            method,
+            method: method.to_owned(),
             route,
             status,
         },
