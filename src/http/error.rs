@@ -48,6 +48,8 @@ pub enum ApiError {
     RouteNotFound,
     /// 405 `method_not_allowed`
     MethodNotAllowed,
+    /// 406 `not_acceptable`: `Accept` rules out every type the route serves.
+    NotAcceptable,
     /// 503 `request_timeout`: the request took longer than `TURNSTORE_REQUEST_TIMEOUT`.
     RequestTimeout,
     /// 503 `overloaded`: `TURNSTORE_MAX_CONCURRENCY` requests are in flight.
@@ -68,7 +70,8 @@ pub struct Problem {
     /// `turn_already_finalized`, `session_owner_mismatch`,
     /// `idempotency_key_reused`, `too_many_pending_turns`,
     /// `store_unavailable`, `internal`,
-    /// `not_found`, `method_not_allowed`, `request_timeout`, `overloaded`.
+    /// `not_found`, `method_not_allowed`, `not_acceptable`,
+    /// `request_timeout`, `overloaded`.
     pub code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<FieldError>>,
@@ -177,6 +180,12 @@ impl ApiError {
                 "method_not_allowed",
                 "Method not allowed",
                 "this route does not take this method; see /openapi.json".into(),
+            ),
+            NotAcceptable => (
+                StatusCode::NOT_ACCEPTABLE,
+                "not_acceptable",
+                "Not acceptable",
+                "this route serves application/json or text/plain; Accept rules out both".into(),
             ),
         }
     }

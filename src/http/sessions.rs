@@ -47,25 +47,64 @@ impl SessionTurnPath {
     }
 }
 
-/// Whether the caller asked for the bare text (and not for JSON).
-fn wants_plain_text(headers: &HeaderMap) -> bool {
-    let accept = headers
+/// The quality `Accept` gives a media type (RFC 9110, 12.5.1): that of the
+/// most specific range matching it (`type/subtype` 3, over `type/*` 2, over
+/// `*/*` 1), with that specificity; (0, 0) if none does, (1, 0) with no
+/// `Accept` at all. A range with a malformed `q` is ignored.
+fn quality(headers: &HeaderMap, media: &str) -> (f32, u8) {
+    let (kind, _) = media.split_once('/').unwrap_or((media, ""));
+    let mut ranges = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .collect::<Vec<_>>();
-    accept.iter().any(|t| t == "text/plain")
-        && !accept
-            .iter()
-            .any(|t| t == "application/json" || t == "application/*")
+        .filter(|r| !r.trim().is_empty())
+        .peekable();
+    if ranges.peek().is_none() {
+        return (1.0, 0);
+    }
+    let mut best: Option<(u8, f32)> = None;
+    for range in ranges {
+        let mut parts = range.split(';');
+        let name = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let specificity = if name == media {
+            3
+        } else if name.strip_suffix("/*") == Some(kind) {
+            2
+        } else if name == "*/*" {
+            1
+        } else {
+            continue;
+        };
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(Some(1.0), |(_, v)| {
+                v.trim()
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|q| (0.0..=1.0).contains(q))
+            });
+        let Some(q) = q else { continue };
+        if best.is_none_or(|(s, _)| specificity > s) {
+            best = Some((specificity, q));
+        }
+    }
+    best.map_or((0.0, 0), |(s, q)| (q, s))
+}
+
+/// Whether the caller prefers the bare text to JSON: by quality, then by
+/// the range that named it (`text/plain, */*` is text); JSON on a tie. 406
+/// when `Accept` rules out both.
+fn wants_plain_text(headers: &HeaderMap) -> Result<bool, ApiError> {
+    let (json, text) = (
+        quality(headers, "application/json"),
+        quality(headers, "text/plain"),
+    );
+    if json.0 <= 0.0 && text.0 <= 0.0 {
+        return Err(ApiError::NotAcceptable);
+    }
+    Ok(text.0 > json.0 || (text.0 == json.0 && text.1 > json.1))
 }
 
 /// Get the history
@@ -89,6 +128,7 @@ fn wants_plain_text(headers: &HeaderMap) -> bool {
              ("x-encoding" = String, description = "With text/plain: the encoding counted in"),
          )),
         (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 406, description = "`not_acceptable`: `Accept` rules out both application/json and text/plain", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`validation_failed`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
     ),
@@ -103,7 +143,7 @@ pub async fn get_history(
     let mut check = Check::default();
     let session = check.take("session_id", SessionId::parse(path.session_id.as_str()));
     let opts = params.resolve(&app.settings, &mut check, "");
-    let plain = wants_plain_text(&headers);
+    let plain = wants_plain_text(&headers)?;
     if plain && params.format.is_some_and(|f| f != HistoryFormat::Text) {
         check.fail("format", "must be text with Accept: text/plain");
     }

@@ -108,3 +108,47 @@ async fn made_up_methods_and_paths_share_one_label_each() {
     // No new series: only the counts grew (a few digits).
     assert!(text.len() < before + 100, "{} -> {}", before, text.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_is_negotiated_with_q_values() {
+    let app = TestApp::spawn(Backend::Memory).await;
+    let s = sid();
+    app.complete(&s, "q1", "a1").await;
+    let read = |accept: &'static str| {
+        app.http
+            .get(app.url(&format!("/v1/sessions/{s}/history")))
+            .header("accept", accept)
+            .send()
+    };
+    let kind = |res: &reqwest::Response| {
+        let t = res.headers()["content-type"].to_str().unwrap();
+        t.split(';').next().unwrap().to_owned()
+    };
+    for (accept, expected) in [
+        ("text/plain", "text/plain"),
+        ("TEXT/PLAIN; charset=utf-8", "text/plain"),
+        ("application/json", "application/json"),
+        ("*/*", "application/json"),
+        ("text/plain, */*", "text/plain"),
+        ("text/plain, application/json", "application/json"),
+        ("application/json;q=0, text/plain", "text/plain"),
+        ("application/json;q=0.5, text/plain;q=0.9", "text/plain"),
+        ("text/plain;q=0.4, application/*;q=0.5", "application/json"),
+        ("text/plain;q=0, */*", "application/json"),
+        ("text/*", "text/plain"),
+        ("text/plain;q=bad, application/json", "application/json"),
+    ] {
+        let res = read(accept).await.unwrap();
+        assert_eq!(res.status(), 200, "{accept}");
+        assert_eq!(kind(&res), expected, "{accept}");
+    }
+    for accept in [
+        "text/plain;q=0",
+        "image/png",
+        "text/plain;q=0, application/json;q=0",
+        "*/*;q=0",
+    ] {
+        let res = read(accept).await.unwrap();
+        problem(res, 406, "not_acceptable").await;
+    }
+}
