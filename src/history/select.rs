@@ -188,7 +188,7 @@ impl Cost {
 
 /// The running cost of a selection. Total = header + `inner_sum` + the
 /// newest turn's `last`; every other chosen turn counts at its `inner`.
-/// The Redis store's Lua walk keeps the same state (see `common.lua`).
+/// The Redis store's Lua walk keeps the same state (see `walk.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetState {
     /// Turns that may still be chosen.

@@ -10,15 +10,12 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
-    EXAMINED_PER_LISTED, Erased, Finalized, Limits, Pace, SessionInfo, SessionSummary,
+    ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Limits, Pace, SessionInfo, SessionSummary,
     SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::{Candidate, Content, Options, select};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
-
-/// Sessions an erasure deletes per hold of the lock.
-const ERASE_BATCH: usize = 1000;
 
 #[derive(Clone)]
 pub struct MemoryStore {

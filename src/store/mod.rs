@@ -61,6 +61,9 @@ pub fn next_index_time(now: Millis, horizon: Duration, top: Option<Millis>, min:
 /// are met) cannot make one request long.
 pub const EXAMINED_PER_LISTED: usize = 10;
 
+/// Index entries an erasure reads, and sessions it deletes, per round.
+pub const ERASE_BATCH: usize = 1000;
+
 /// Paces work done in rounds (an erasure) within a time budget: after each
 /// round, another starts only if one twice as long as the longest so far
 /// would still end in time.

@@ -331,30 +331,13 @@ impl RedisStore {
         Ok(report)
     }
 
-    async fn invoke<T: redis::FromRedisValue + Send + 'static>(
-        &self,
-        script: &redis::Script,
-        keys: &[String],
-        args: Vec<Vec<u8>>,
-    ) -> Result<T, StoreError> {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        for a in args {
-            inv.arg(a);
-        }
-        self.conn
-            .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
-            .await
-    }
-
     async fn migrate_once(
         &self,
         script: &redis::Script,
         keys: &[String],
     ) -> Result<(u64, u64), StoreError> {
-        self.invoke(script, keys, Vec::new()).await
+        self.invoke(script, keys, std::iter::empty::<Vec<u8>>())
+            .await
     }
 
     /// Runs a paged migration on one session until it is done, indexing
@@ -380,7 +363,7 @@ impl RedisStore {
                         let now = now_millis();
                         let a = super::scripts::args![session, now, ix, 0, ms(INDEX_SKEW)];
                         let _: i64 = self
-                            .invoke(&self.scripts.index_add, &[self.keys.user_index(&owner)], a)
+                            .invoke(&self.scripts.index_add, [self.keys.user_index(&owner)], a)
                             .await?;
                     }
                     finish = true;

@@ -92,7 +92,7 @@ impl Page {
             Value::Nil => None,
             v => candidates(Reply::array(v)?)?.pop(),
         };
-        let entries = candidates(Reply::array(Value::Array(r.list()?))?)?;
+        let entries = candidates(Reply::array(r.next()?)?)?;
         let status = match status.as_str() {
             "done" => PageEnd::Done,
             "more" if !entries.is_empty() => PageEnd::More(next),

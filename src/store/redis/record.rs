@@ -1,6 +1,6 @@
 //! The byte formats of layout 4, as `lua/common.lua` describes them: turn
 //! records (a header line, then the texts unescaped) and the members of the
-//! order zset (a turn id and its costs).
+//! turns zset (a turn id and its costs).
 
 use std::str::FromStr;
 
@@ -103,10 +103,10 @@ pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
     })
 }
 
-/// A member of the order zset: the turn id and its costs.
+/// A member of the turns zset: the turn id and its costs.
 pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts), StoreError> {
     if bytes.len() != MEMBER_LEN {
-        return Err(corrupt("an order member is malformed"));
+        return Err(corrupt("a turns member is malformed"));
     }
     let encoding = |b: u8| Encoding::from_code(b).ok_or_else(|| corrupt("unknown encoding letter"));
     let n = |i: usize| {

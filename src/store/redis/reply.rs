@@ -84,14 +84,8 @@ impl Reply {
     }
 
     pub fn uint(&mut self) -> Result<u64, StoreError> {
-        u64::try_from(self.int()?).map_err(|_| corrupt("expected a non-negative integer"))
-    }
-
-    pub fn list(&mut self) -> Result<Vec<Value>, StoreError> {
-        match self.next()? {
-            Value::Array(items) => Ok(items),
-            other => Err(corrupt(format!("expected an array, got {}", kind(&other)))),
-        }
+        let v = self.next()?;
+        Self::uint_of(v)
     }
 }
 

@@ -1,5 +1,5 @@
 //! The Lua scripts (`lua/`), loaded once, and how they are called. Session
-//! scripts get the session's seven keys (`Keys::session`) and the shared
+//! scripts get the session's four keys (`Keys::session`) and the shared
 //! functions of `lua/common.lua`; index scripts get one user's index key.
 
 use redis::{FromRedisValue, Script, Value};
@@ -73,16 +73,21 @@ impl Scripts {
 }
 
 impl RedisStore {
-    /// Runs a session script, once the stored layout is known to be ours.
-    pub(super) async fn run_session<T: FromRedisValue + Send + 'static>(
+    /// Runs `script` with these keys and arguments, bounded by the store
+    /// timeout. Every script call goes through here.
+    pub(super) async fn invoke<T, K, A>(
         &self,
         script: &Script,
-        session: &str,
-        args: Vec<Vec<u8>>,
-    ) -> Result<T, StoreError> {
-        self.layout_checked().await?;
+        keys: impl IntoIterator<Item = K>,
+        args: impl IntoIterator<Item = A>,
+    ) -> Result<T, StoreError>
+    where
+        T: FromRedisValue + Send + 'static,
+        K: redis::ToRedisArgs,
+        A: redis::ToRedisArgs,
+    {
         let mut inv = script.prepare_invoke();
-        for key in self.keys.session(session) {
+        for key in keys {
             inv.key(key);
         }
         for arg in args {
@@ -91,6 +96,17 @@ impl RedisStore {
         self.conn
             .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
             .await
+    }
+
+    /// Runs a session script, once the stored layout is known to be ours.
+    pub(super) async fn run_session<T: FromRedisValue + Send + 'static>(
+        &self,
+        script: &Script,
+        session: &str,
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, StoreError> {
+        self.layout_checked().await?;
+        self.invoke(script, self.keys.session(session), args).await
     }
 
     /// Runs a script that takes any number of sessions (`lua/probe.lua`,
@@ -112,18 +128,11 @@ impl RedisStore {
             SESSIONS_PER_CALL
         };
         let calls = sessions.chunks(per_call).map(|chunk| {
-            let mut inv = script.prepare_invoke();
-            for (session, _) in chunk {
-                for key in self.keys.session(session) {
-                    inv.key(key);
-                }
-            }
-            for arg in args.iter().chain(chunk.iter().map(|(_, a)| a)) {
-                inv.arg(arg.as_slice());
-            }
-            self.conn.with_conn(|mut conn| async move {
-                inv.invoke_async::<Vec<Value>>(&mut conn).await
-            })
+            let keys = chunk
+                .iter()
+                .flat_map(|(session, _)| self.keys.session(session));
+            let args = args.iter().chain(chunk.iter().map(|(_, a)| a));
+            self.invoke::<Vec<Value>, _, _>(script, keys, args)
         });
         let replies = futures_util::future::join_all(calls).await;
         let mut out = Vec::with_capacity(sessions.len());
@@ -141,13 +150,7 @@ impl RedisStore {
         args: Vec<Vec<u8>>,
     ) -> Result<T, StoreError> {
         self.layout_checked().await?;
-        let mut inv = script.prepare_invoke();
-        inv.key(self.keys.user_index(user));
-        for arg in args {
-            inv.arg(arg);
-        }
-        self.conn
-            .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
+        self.invoke(script, [self.keys.user_index(user)], args)
             .await
     }
 }

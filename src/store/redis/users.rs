@@ -25,16 +25,14 @@ use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::{SessionId, UserId};
 use crate::store::{
-    EXAMINED_PER_LISTED, Erased, INDEX_SKEW, Pace, SessionSummary, SessionsPage, StoreError, ms,
+    ERASE_BATCH, EXAMINED_PER_LISTED, Erased, INDEX_SKEW, Pace, SessionSummary, SessionsPage,
+    StoreError, ms,
 };
 use crate::turn::Millis;
 
 /// How long a fence holds: longer than any removal takes between fencing
 /// an entry and removing it.
 const FENCE_TTL: Duration = Duration::from_secs(120);
-
-/// Index entries an erasure reads, and sessions it deletes, per round.
-const ERASE_BATCH: usize = 1000;
 
 /// `lua/probe.lua`'s reply.
 enum Probe {
