@@ -55,12 +55,17 @@ mod tests {
     use super::*;
     use crate::domain::TurnId;
     use crate::history::select::{
-        Candidate, Content, Format, MESSAGE_OVERHEAD, Options, Selection, StoppedBy, select,
+        Candidate, Content, Format, MESSAGE_OVERHEAD, Options, Selection, StoppedBy,
+        TRUNCATION_MARK, select,
     };
     use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
     fn turn(seq: u64, q: &str, a: &str) -> Candidate {
-        let enc = Encoding::O200kBase;
+        stored_in(Encoding::O200kBase, seq, q, a)
+    }
+
+    /// A candidate whose counts were taken under `enc` when it was written.
+    fn stored_in(enc: Encoding, seq: u64, q: &str, a: &str) -> Candidate {
         Candidate {
             turn_id: TurnId::generate(),
             seq,
@@ -292,12 +297,16 @@ mod tests {
             prop_oneof![
                 "[a-zA-Z]{1,8}",
                 "[ \t\n\r]{1,4}",
+                "[ \n]{2,9}",
                 "[.,!?;:'\"()\\-/]{1,3}",
                 "[0-9]{1,5}",
                 "[é漢字🙂ß]{1,3}",
                 Just("'s".to_string()),
                 Just("User:".to_string()),
                 Just("<|endoftext|>".to_string()),
+                Just("<|fim_prefix|>".to_string()),
+                Just(TRUNCATION_MARK.to_string()),
+                Just("👩‍👩‍👧".to_string()),
             ],
             1..12,
         )
@@ -314,7 +323,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
+        #![proptest_config(ProptestConfig::with_cases(600))]
 
         #[test]
         fn token_count_is_exact_and_within_budget(
@@ -322,15 +331,18 @@ mod tests {
             max_tokens in 0u32..200,
             max_bytes in 0u64..300,
             format in format(),
-            cl100k in any::<bool>(),
+            stored in 0..Encoding::ALL.len(),
+            read in 0..Encoding::ALL.len(),
             keep_first in any::<bool>(),
             limit in 0usize..10,
             max_query_chars in proptest::option::of(1usize..20),
             max_answer_chars in proptest::option::of(1usize..20),
         ) {
+            // Stored and read in the same encoding half of the time.
+            let stored = Encoding::ALL[stored];
+            let encoding = if read % 2 == 0 { stored } else { Encoding::ALL[read] };
             let turns: Vec<_> = pairs.iter().enumerate()
-                .map(|(i, (q, a))| turn(i as u64 + 1, q, a)).collect();
-            let encoding = if cl100k { Encoding::Cl100kBase } else { Encoding::O200kBase };
+                .map(|(i, (q, a))| stored_in(stored, i as u64 + 1, q, a)).collect();
             let o = Options { limit, max_tokens, max_bytes, format, encoding, max_query_chars,
                               max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX };
             let s = pick(&turns, &o);

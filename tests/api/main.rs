@@ -75,6 +75,7 @@ conformance!(
     limit_bounds_the_turns,
     truncation_is_per_role_and_leaves_the_store_alone,
     encodings_and_models,
+    counts_are_exact_at_turn_joints_in_every_encoding,
     accept_text_plain_returns_the_rendering,
     session_info_and_unknown_sessions,
     user_sessions_are_listed_and_erased,
@@ -783,6 +784,52 @@ async fn encodings_and_models(backend: Backend) {
     )
     .await;
     assert_eq!(bad["errors"][0]["field"], "encoding");
+}
+
+/// Turns ending and starting in whitespace runs, emoji and special-token
+/// text, counted by the service in each encoding (stored counts) and read
+/// in each (fresh counts): the count is the rendering's, and a budget one
+/// short of it drops the oldest turn.
+async fn counts_are_exact_at_turn_joints_in_every_encoding(backend: Backend) {
+    const ENCODINGS: [&str; 6] = [
+        "o200k_base",
+        "o200k_harmony",
+        "cl100k_base",
+        "p50k_base",
+        "p50k_edit",
+        "r50k_base",
+    ];
+    for stored in ["p50k_base", "r50k_base", "cl100k_base"] {
+        let app = TestApp::spawn_with(backend, |s| {
+            s.encoding = turnstore::tokens::Encoding::from_name(stored).unwrap();
+        })
+        .await;
+        let s = sid();
+        app.complete(&s, "Why?\n\n", "Because.\n\n").await;
+        app.complete(&s, "\n\n  and 🙂 <|endoftext|>  \n", "ok [truncated]\n\n\n")
+            .await;
+        for read in ENCODINGS {
+            let all = app.history_ok(&s, &format!("encoding={read}")).await;
+            let text = all["rendered"].as_str().unwrap();
+            let n = count(read, text);
+            assert_eq!(all["token_count"], n, "stored {stored}, read {read}");
+            let short = app
+                .history_ok(&s, &format!("encoding={read}&max_tokens={}", n - 1))
+                .await;
+            let newest = short["rendered"].as_str().unwrap();
+            assert!(newest.contains("ok [truncated]"), "{read}: {newest:?}");
+            assert!(!newest.contains("Because."), "{read}: {newest:?}");
+            assert_eq!(short["token_count"], count(read, newest), "{read}");
+            let cut = app
+                .history_ok(&s, &format!("encoding={read}&max_answer_chars=3"))
+                .await;
+            assert_eq!(
+                cut["token_count"],
+                count(read, cut["rendered"].as_str().unwrap()),
+                "stored {stored}, read {read}, truncated"
+            );
+        }
+    }
 }
 
 async fn accept_text_plain_returns_the_rendering(backend: Backend) {

@@ -277,7 +277,11 @@ pub fn sid() -> String {
 pub fn count(encoding: &str, text: &str) -> usize {
     let bpe = match encoding {
         "o200k_base" => tiktoken_rs::o200k_base_singleton(),
+        "o200k_harmony" => tiktoken_rs::o200k_harmony_singleton(),
         "cl100k_base" => tiktoken_rs::cl100k_base_singleton(),
+        "p50k_base" => tiktoken_rs::p50k_base_singleton(),
+        "p50k_edit" => tiktoken_rs::p50k_edit_singleton(),
+        "r50k_base" => tiktoken_rs::r50k_base_singleton(),
         other => panic!("no tokenizer for {other} in the tests"),
     };
     bpe.encode_ordinary(text).len()

@@ -103,24 +103,32 @@ pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
     })
 }
 
-/// A member of the turns zset: the turn id and its costs.
-pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts), StoreError> {
+/// A member of the turns zset: the turn id and its costs, and for each of
+/// the question's and the answer's counts whether it was recorded under a
+/// retired letter (see [`Encoding::code`]) and must be taken again.
+pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts, [bool; 2]), StoreError> {
     if bytes.len() != MEMBER_LEN {
         return Err(corrupt("a turns member is malformed"));
     }
-    let encoding = |b: u8| Encoding::from_code(b).ok_or_else(|| corrupt("unknown encoding letter"));
+    let encoding = |b: u8| match (Encoding::from_code(b), Encoding::from_legacy_code(b)) {
+        (Some(e), _) => Ok((e, false)),
+        (None, Some(e)) => Ok((e, true)),
+        (None, None) => Err(corrupt("unknown encoding letter")),
+    };
     let n = |i: usize| {
         let at = ID_LEN + 2 + 4 * i;
         u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
     };
+    let (query_encoding, query_legacy) = encoding(bytes[ID_LEN])?;
+    let (answer_encoding, answer_legacy) = encoding(bytes[ID_LEN + 1])?;
     let costs = TurnCosts {
         query: QueryTokens {
-            encoding: encoding(bytes[ID_LEN])?,
+            encoding: query_encoding,
             query: n(0),
             user_line: n(1),
         },
         answer: AnswerTokens {
-            encoding: encoding(bytes[ID_LEN + 1])?,
+            encoding: answer_encoding,
             answer: n(2),
             assistant_sep: n(3),
             assistant_last: n(4),
@@ -128,7 +136,11 @@ pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts), StoreError> {
         query_bytes: n(5),
         answer_bytes: n(6),
     };
-    Ok((turn_id(&bytes[..ID_LEN])?, costs))
+    Ok((
+        turn_id(&bytes[..ID_LEN])?,
+        costs,
+        [query_legacy, answer_legacy],
+    ))
 }
 
 /// An entry of a history page: a member, its record (maybe cut) and, for a
@@ -139,7 +151,7 @@ pub fn candidate(
     rec: &[u8],
     tail: Option<&[u8]>,
 ) -> Result<Candidate, StoreError> {
-    let (turn_id, costs) = member(member_bytes)?;
+    let (turn_id, mut costs, legacy) = member(member_bytes)?;
     let f = finalized(rec)?;
     let (query, answer) = match tail {
         None => (f.query.to_vec(), f.answer.to_vec()),
@@ -161,13 +173,23 @@ pub fn candidate(
         Content::from_prefix(bytes, full as usize)
             .ok_or_else(|| corrupt("a stored text is not UTF-8"))
     };
+    let user_query = content(query, costs.query_bytes)?;
+    let final_answer = content(answer, costs.answer_bytes)?;
+    // Retired counts are taken again from whole texts; a text read only in
+    // part is cut by the read, which counts what it returns anyway.
+    if legacy[0] && user_query.whole {
+        costs.query = QueryTokens::count(costs.query.encoding, &user_query.text);
+    }
+    if legacy[1] && final_answer.whole {
+        costs.answer = AnswerTokens::count(costs.answer.encoding, &final_answer.text);
+    }
     Ok(Candidate {
         turn_id,
         seq: f.seq,
         started_at: f.started_at,
         finalized_at: f.finalized_at,
-        user_query: content(query, costs.query_bytes)?,
-        final_answer: content(answer, costs.answer_bytes)?,
+        user_query,
+        final_answer,
         costs,
     })
 }
@@ -202,5 +224,41 @@ mod tests {
         assert_eq!((f.query, f.answer), (&b"hello"[..], &b"\nworld"[..]));
         assert!(finalized(b"3 10 20 - 9\nshort").is_err());
         assert!(finalized(b"no header").is_err());
+    }
+
+    fn member_bytes(letters: [u8; 2], counts: [u32; 7]) -> Vec<u8> {
+        let mut m = id_bytes(&TurnId::generate());
+        m.extend_from_slice(&letters);
+        for c in counts {
+            m.extend_from_slice(&c.to_be_bytes());
+        }
+        m
+    }
+
+    #[test]
+    fn counts_under_retired_letters_are_taken_again() {
+        let (q, a) = ("Why?\n\n", "Because.\n\n");
+        let rec = format!("1 10 20 - {}\n{q}{a}", q.len());
+        let sizes = [q.len() as u32, a.len() as u32];
+        // As stored before joints were counted before a letter: too short.
+        let stale = [1, 1, 1, 1, 1, sizes[0], sizes[1]];
+        for enc in [Encoding::P50kBase, Encoding::P50kEdit, Encoding::R50kBase] {
+            let legacy = match enc {
+                Encoding::P50kBase => [b'p'; 2],
+                Encoding::P50kEdit => [b'e'; 2],
+                _ => [b'r'; 2],
+            };
+            let c = candidate(&member_bytes(legacy, stale), rec.as_bytes(), None).unwrap();
+            assert_eq!(c.costs.query, QueryTokens::count(enc, q), "{enc:?}");
+            assert_eq!(c.costs.answer, AnswerTokens::count(enc, a), "{enc:?}");
+            // Current letters are trusted as they are.
+            let code = [enc.code(); 2];
+            let c = candidate(&member_bytes(code, stale), rec.as_bytes(), None).unwrap();
+            assert_eq!(
+                (c.costs.query.user_line, c.costs.answer.assistant_sep),
+                (1, 1)
+            );
+        }
+        assert!(candidate(&member_bytes(*b"xx", stale), rec.as_bytes(), None).is_err());
     }
 }

@@ -19,7 +19,9 @@
 --   pending   "?<seq> <started_at> <key> <enc> <q> <u>\n<query>"
 --   finalized "<seq> <started_at> <finalized_at> <key> <query bytes>\n<query><answer>"
 -- key is the idempotency key or '-' (keys never start with '-'), enc the
--- letter of the encoding the counts are in, q and u the question's counts.
+-- letter of the encoding the counts are in (o h c P E R; counts under the
+-- retired p e r may be short, and a reader takes them again), q and u the
+-- question's counts.
 -- A finalized record is kept as its head (the header and at most HEAD bytes
 -- of each text) and, when a text is longer, its tail (the rest of the
 -- question, then the rest of the answer), so that a read truncating to at
