@@ -35,6 +35,7 @@ fn turns(n: u64) -> Vec<Candidate> {
                 user_query: Content::whole(q),
                 final_answer: Content::whole(ANSWER),
                 costs,
+                recount: false,
             }
         })
         .collect()

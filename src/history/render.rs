@@ -73,6 +73,7 @@ mod tests {
             finalized_at: 2,
             user_query: Content::whole(q),
             final_answer: Content::whole(a),
+            recount: false,
             costs: TurnCosts::new(
                 q,
                 QueryTokens::count(enc, q),

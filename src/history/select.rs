@@ -140,6 +140,9 @@ pub struct Candidate {
     pub final_answer: Content,
     /// As stored: they hold for whole contents in their own encodings.
     pub costs: TurnCosts,
+    /// The stored counts may be short (recorded under a retired rule, see
+    /// [`crate::tokens::Encoding::code`]): they are taken again.
+    pub recount: bool,
 }
 
 /// A turn as it goes into the history: its contents may be truncated.
@@ -294,6 +297,20 @@ impl Selector {
         true
     }
 
+    /// Whether taking `c` tokenizes (its stored counts do not apply: another
+    /// encoding, or a content the read cuts), which a store does off the
+    /// async workers.
+    pub fn must_count(&self, c: &Candidate) -> bool {
+        let o = &self.opts;
+        let cut =
+            |t: &Content, max: Option<usize>| max.is_some_and(|m| !t.whole || t.text.len() > m);
+        c.recount
+            || c.costs.query.encoding != o.encoding
+            || c.costs.answer.encoding != o.encoding
+            || cut(&c.user_query, o.max_query_chars)
+            || cut(&c.final_answer, o.max_answer_chars)
+    }
+
     /// A store saw the next candidate and knows it does not fit.
     pub fn stop(&mut self, why: StoppedBy) {
         self.stopped.get_or_insert(why);
@@ -341,11 +358,11 @@ impl Selector {
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
         let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
         let q = match c.costs.query {
-            t if t.encoding == enc && !query_cut => t,
+            t if t.encoding == enc && !query_cut && !c.recount => t,
             _ => QueryTokens::count(enc, &user_query),
         };
         let a = match c.costs.answer {
-            t if t.encoding == enc && !answer_cut => t,
+            t if t.encoding == enc && !answer_cut && !c.recount => t,
             _ => AnswerTokens::count(enc, &final_answer),
         };
         let bytes = (user_query.len() + final_answer.len()) as u64;

@@ -14,7 +14,8 @@ use super::{
     SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Candidate, Content, Options, select};
+use crate::history::{Candidate, Content, Options, Selector};
+use crate::store::counting::offer_all;
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
 
 #[derive(Clone)]
@@ -112,8 +113,12 @@ impl Session {
         }
     }
 
-    /// The history as it stood before `before_seq`.
-    fn history(&self, read: &Options, before_seq: u64, now: Instant) -> StoredHistory {
+    /// What a read of the history as it stood before `before_seq` needs:
+    /// the candidates a selection can look at, newest first, copied out.
+    /// It can take at most `limit` turns and `max_bytes` bytes as rendered,
+    /// and looks at one candidate past what it takes; so the copy stops
+    /// there, bounded by what the read returns, not by what is stored.
+    fn gather(&self, read: &Options, before_seq: u64, now: Instant) -> Gathered {
         let lo = read.after_seq.saturating_add(1);
         let hi = read.through_seq.min(before_seq.saturating_sub(1));
         let whole = lo <= 1
@@ -121,28 +126,68 @@ impl Session {
                 .finalized
                 .last_key_value()
                 .is_none_or(|(s, _)| *s <= hi);
-        let (total_turns, selection) = if lo > hi {
-            (0, select(std::iter::empty(), read))
-        } else {
-            let range = self.finalized.range(lo..=hi);
-            let total = if whole {
-                self.finalized.len()
-            } else {
-                range.clone().count()
-            };
-            let candidates = range.map(|(_, t)| candidate(t, read));
-            (total as u64, select(candidates, read))
-        };
-        StoredHistory {
+        let mut g = Gathered {
             user_id: self.user_id.as_ref().map(|u| u.to_string()),
-            total_turns,
             pending_turns: self
                 .live_pending(now)
                 .filter(|(p, _)| p.seq < before_seq)
                 .count() as u64,
-            selection,
+            ..Gathered::default()
+        };
+        if lo > hi {
+            return g;
+        }
+        let mut range = self.finalized.range(lo..=hi);
+        g.total_turns = if whole {
+            self.finalized.len()
+        } else {
+            range.clone().count()
+        } as u64;
+        if read.keep_first {
+            g.first = range.next().map(|(_, t)| candidate(t, read));
+        }
+        let mut bytes = 0u64;
+        for (_, t) in range.rev() {
+            if g.newest_first.len() > read.limit || bytes > read.max_bytes {
+                break;
+            }
+            let c = candidate(t, read);
+            bytes += (rendered_at_least(&c.user_query, read.max_query_chars)
+                + rendered_at_least(&c.final_answer, read.max_answer_chars))
+                as u64;
+            g.newest_first.push(c);
+        }
+        g
+    }
+}
+
+/// A read's share of a session, taken under the lock; selected (and
+/// counted, off the async workers) once the lock is released.
+#[derive(Default)]
+struct Gathered {
+    user_id: Option<String>,
+    total_turns: u64,
+    pending_turns: u64,
+    first: Option<Candidate>,
+    newest_first: Vec<Candidate>,
+}
+
+impl Gathered {
+    async fn select(self, read: &Options) -> StoredHistory {
+        let sel = offer_all(Selector::new(read), self.first, self.newest_first).await;
+        StoredHistory {
+            user_id: self.user_id,
+            total_turns: self.total_turns,
+            pending_turns: self.pending_turns,
+            selection: sel.finish(),
         }
     }
+}
+
+/// Bytes a content takes at least as rendered: a cut keeps `max_chars`
+/// characters (and adds the mark), of a byte or more each.
+fn rendered_at_least(c: &Content, max_chars: Option<usize>) -> usize {
+    max_chars.map_or(c.text.len(), |m| c.text.len().min(m))
 }
 
 /// A stored turn as a read sees it: no more of its contents than it needs.
@@ -155,6 +200,7 @@ fn candidate(t: &FinalizedTurn, read: &Options) -> Candidate {
         user_query: Content::for_read(&t.start.user_query, read.max_query_chars),
         final_answer: Content::for_read(&t.end.final_answer, read.max_answer_chars),
         costs: t.costs(),
+        recount: false,
     }
 }
 
@@ -217,29 +263,9 @@ impl MemoryStore {
         store
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves no half-written session:
-        // every operation below mutates only after all its checks.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-async fn sweep(state: Weak<Mutex<State>>, every: Duration, expired_pending: Counter) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        let Some(state) = state.upgrade() else { return };
-        let expired = state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .sweep(Instant::now());
-        expired_pending.inc_by(expired);
-    }
-}
-
-#[async_trait]
-impl Store for MemoryStore {
-    async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
+    /// A start's writes and checks, under the lock; the history it
+    /// returns is selected after.
+    fn start_locked(&self, req: &StartTurn<'_>) -> Result<(Started, Option<Gathered>), StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
@@ -258,15 +284,16 @@ impl Store for MemoryStore {
                 return Err(StoreError::IdempotencyKeyReused);
             }
             if let Some(turn) = s.find(*turn, now) {
-                let history = req.history.map(|read| s.history(read, turn.seq, now));
-                return Ok(Started {
+                let history = req.history.map(|read| s.gather(read, turn.seq, now));
+                let started = Started {
                     user_id: s.user_id.as_ref().map(|u| u.to_string()),
                     turn_id: turn.turn_id,
                     seq: turn.seq,
                     started_at: turn.started_at,
                     replayed: true,
-                    history,
-                });
+                    history: None,
+                };
+                return Ok((started, history));
             }
         }
         if let Some(s) = &existing
@@ -312,7 +339,7 @@ impl Store for MemoryStore {
         }
         session.next_seq += 1;
         let turn = req.turn.with_seq(session.next_seq);
-        let history = req.history.map(|read| session.history(read, turn.seq, now));
+        let history = req.history.map(|read| session.gather(read, turn.seq, now));
         let (turn_id, seq, started_at) = (turn.turn_id, turn.seq, turn.started_at);
         session
             .pending
@@ -324,14 +351,45 @@ impl Store for MemoryStore {
         }
         session.last_active_at = req.now;
         session.expires = now + self.limits.session_ttl;
-        Ok(Started {
+        let started = Started {
             user_id: session.user_id.as_ref().map(|u| u.to_string()),
             turn_id,
             seq,
             started_at,
             replayed: false,
-            history,
-        })
+            history: None,
+        };
+        Ok((started, history))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves no half-written session:
+        // every operation below mutates only after all its checks.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+async fn sweep(state: Weak<Mutex<State>>, every: Duration, expired_pending: Counter) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Some(state) = state.upgrade() else { return };
+        let expired = state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sweep(Instant::now());
+        expired_pending.inc_by(expired);
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
+        let (mut started, gathered) = self.start_locked(&req)?;
+        if let (Some(g), Some(read)) = (gathered, req.history) {
+            started.history = Some(g.select(read).await);
+        }
+        Ok(started)
     }
 
     async fn finalize_turn(
@@ -395,14 +453,11 @@ impl Store for MemoryStore {
         _now: Millis,
     ) -> Result<StoredHistory, StoreError> {
         let now = Instant::now();
-        let mut state = self.lock();
-        Ok(match state.live(session, now) {
-            Some(s) => s.history(read, u64::MAX, now),
-            None => StoredHistory {
-                selection: select(std::iter::empty(), read),
-                ..StoredHistory::default()
-            },
-        })
+        let gathered = match self.lock().live(session, now) {
+            Some(s) => s.gather(read, u64::MAX, now),
+            None => Gathered::default(),
+        };
+        Ok(gathered.select(read).await)
     }
 
     async fn session_info(

@@ -1,6 +1,7 @@
 //! Tests of the real `turnstore` binary: graceful shutdown on SIGTERM, what
 //! its logs may never contain, Redis over TLS, the container health check.
 
+mod edge;
 mod harness;
 mod migrate;
 mod scale;

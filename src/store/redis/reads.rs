@@ -9,6 +9,7 @@ use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::SessionId;
 use crate::history::{Candidate, Format, Options, Selector, StoppedBy};
+use crate::store::counting::offer_all;
 use crate::store::{SessionInfo, StoreError, StoredHistory};
 use crate::turn::Millis;
 
@@ -143,42 +144,39 @@ fn candidates(mut r: Reply) -> Result<Vec<Candidate>, StoreError> {
 
 impl RedisStore {
     /// Offers a first page and the pages after it to `sel` until it
-    /// stops or the candidates run out; returns the candidates' total.
+    /// stops or the candidates run out; returns it and the candidates'
+    /// total.
     pub(super) async fn select_pages(
         &self,
         session: &SessionId,
-        sel: &mut Selector,
+        mut sel: Selector,
         mut page: Page,
         now: Millis,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(Selector, u64), StoreError> {
         let total = page.total;
         let mut after = sel.options().after_seq;
         loop {
-            if let Some(first) = page.first.take() {
+            if let Some(first) = &page.first {
                 after = first.seq;
-                if !sel.reserve_first(first) {
-                    return Ok(total);
-                }
             }
-            for c in page.entries {
-                if !sel.offer(c) {
-                    return Ok(total);
-                }
+            sel = offer_all(sel, page.first.take(), page.entries).await;
+            if sel.is_stopped() {
+                return Ok((sel, total));
             }
             match page.status {
-                PageEnd::Done => return Ok(total),
+                PageEnd::Done => return Ok((sel, total)),
                 PageEnd::Stop(why) => {
                     sel.stop(why);
-                    return Ok(total);
+                    return Ok((sel, total));
                 }
                 PageEnd::More(before) => {
-                    let a = args![now, walk_args(sel, after, Some(before), false)];
+                    let a = args![now, walk_args(&sel, after, Some(before), false)];
                     let v: Value = self
                         .run_session(&self.scripts.history, session.as_str(), a)
                         .await?;
                     if v == Value::Nil {
                         // The session went away between the pages.
-                        return Ok(total);
+                        return Ok((sel, total));
                     }
                     page = HistoryReply::parse(v)?.page;
                 }
@@ -192,7 +190,7 @@ impl RedisStore {
         read: &Options,
         now: Millis,
     ) -> Result<StoredHistory, StoreError> {
-        let mut sel = Selector::new(read);
+        let sel = Selector::new(read);
         let a = args![now, walk_args(&sel, read.after_seq, None, read.keep_first)];
         let v: Value = self
             .run_session(&self.scripts.history, session.as_str(), a)
@@ -204,9 +202,7 @@ impl RedisStore {
             });
         }
         let reply = HistoryReply::parse(v)?;
-        let total_turns = self
-            .select_pages(session, &mut sel, reply.page, now)
-            .await?;
+        let (sel, total_turns) = self.select_pages(session, sel, reply.page, now).await?;
         Ok(StoredHistory {
             user_id: reply.owner,
             total_turns,

@@ -105,7 +105,8 @@ pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
 
 /// A member of the turns zset: the turn id and its costs, and for each of
 /// the question's and the answer's counts whether it was recorded under a
-/// retired letter (see [`Encoding::code`]) and must be taken again.
+/// retired letter (see [`Encoding::code`]) and must be taken again (the
+/// walk hands such turns over: their letters are not the read's).
 pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts, [bool; 2]), StoreError> {
     if bytes.len() != MEMBER_LEN {
         return Err(corrupt("a turns member is malformed"));
@@ -151,7 +152,7 @@ pub fn candidate(
     rec: &[u8],
     tail: Option<&[u8]>,
 ) -> Result<Candidate, StoreError> {
-    let (turn_id, mut costs, legacy) = member(member_bytes)?;
+    let (turn_id, costs, retired) = member(member_bytes)?;
     let f = finalized(rec)?;
     let (query, answer) = match tail {
         None => (f.query.to_vec(), f.answer.to_vec()),
@@ -173,30 +174,22 @@ pub fn candidate(
         Content::from_prefix(bytes, full as usize)
             .ok_or_else(|| corrupt("a stored text is not UTF-8"))
     };
-    let user_query = content(query, costs.query_bytes)?;
-    let final_answer = content(answer, costs.answer_bytes)?;
-    // Retired counts are taken again from whole texts; a text read only in
-    // part is cut by the read, which counts what it returns anyway.
-    if legacy[0] && user_query.whole {
-        costs.query = QueryTokens::count(costs.query.encoding, &user_query.text);
-    }
-    if legacy[1] && final_answer.whole {
-        costs.answer = AnswerTokens::count(costs.answer.encoding, &final_answer.text);
-    }
     Ok(Candidate {
         turn_id,
         seq: f.seq,
         started_at: f.started_at,
         finalized_at: f.finalized_at,
-        user_query,
-        final_answer,
+        user_query: content(query, costs.query_bytes)?,
+        final_answer: content(answer, costs.answer_bytes)?,
         costs,
+        recount: retired.contains(&true),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::{Format, Options, select};
 
     #[test]
     fn pending_tails_hold_the_counts_and_the_raw_text() {
@@ -239,25 +232,34 @@ mod tests {
     fn counts_under_retired_letters_are_taken_again() {
         let (q, a) = ("Why?\n\n", "Because.\n\n");
         let rec = format!("1 10 20 - {}\n{q}{a}", q.len());
-        let sizes = [q.len() as u32, a.len() as u32];
         // As stored before joints were counted before a letter: too short.
-        let stale = [1, 1, 1, 1, 1, sizes[0], sizes[1]];
-        for enc in [Encoding::P50kBase, Encoding::P50kEdit, Encoding::R50kBase] {
-            let legacy = match enc {
-                Encoding::P50kBase => [b'p'; 2],
-                Encoding::P50kEdit => [b'e'; 2],
-                _ => [b'r'; 2],
+        let stale = [1, 1, 1, 1, 1, q.len() as u32, a.len() as u32];
+        for (enc, retired) in [
+            (Encoding::P50kBase, b'p'),
+            (Encoding::P50kEdit, b'e'),
+            (Encoding::R50kBase, b'r'),
+        ] {
+            let c = candidate(&member_bytes([retired; 2], stale), rec.as_bytes(), None).unwrap();
+            assert_eq!(c.costs.query.encoding, enc);
+            assert!(c.recount);
+            let o = Options {
+                limit: 10,
+                max_tokens: u32::MAX,
+                max_bytes: u64::MAX,
+                format: Format::Text,
+                encoding: enc,
+                max_query_chars: None,
+                max_answer_chars: None,
+                keep_first: false,
+                after_seq: 0,
+                through_seq: u64::MAX,
             };
-            let c = candidate(&member_bytes(legacy, stale), rec.as_bytes(), None).unwrap();
-            assert_eq!(c.costs.query, QueryTokens::count(enc, q), "{enc:?}");
-            assert_eq!(c.costs.answer, AnswerTokens::count(enc, a), "{enc:?}");
+            let s = select([c.clone(), Candidate { seq: 2, ..c }].into_iter(), &o);
+            let text = crate::history::render_text(&s.turns);
+            assert_eq!(s.token_count, enc.count(&text), "{enc:?}");
             // Current letters are trusted as they are.
-            let code = [enc.code(); 2];
-            let c = candidate(&member_bytes(code, stale), rec.as_bytes(), None).unwrap();
-            assert_eq!(
-                (c.costs.query.user_line, c.costs.answer.assistant_sep),
-                (1, 1)
-            );
+            let c = candidate(&member_bytes([enc.code(); 2], stale), rec.as_bytes(), None).unwrap();
+            assert!(!c.recount);
         }
         assert!(candidate(&member_bytes(*b"xx", stale), rec.as_bytes(), None).is_err());
     }

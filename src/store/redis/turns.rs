@@ -179,9 +179,9 @@ impl RedisStore {
                 } => {
                     self.expired_pending.inc_by(purged);
                     let history = match (sel, page) {
-                        (Some(mut sel), Some(page)) => {
-                            let total_turns =
-                                self.select_pages(session, &mut sel, *page, req.now).await?;
+                        (Some(sel), Some(page)) => {
+                            let (sel, total_turns) =
+                                self.select_pages(session, sel, *page, req.now).await?;
                             Some(StoredHistory {
                                 user_id: owner.clone(),
                                 total_turns,

@@ -1,0 +1,81 @@
+//! Offering candidates to a selection without holding up the async workers.
+//!
+//! Taking a candidate whose stored counts apply is a few additions; one the
+//! read counts (another encoding, a cut content) tokenizes it, which takes
+//! about a millisecond per 4 KiB. Such candidates are offered in slices of
+//! at most [`SLICE_TURNS`] turns and [`SLICE_BYTES`] bytes, each slice on
+//! Tokio's blocking pool, so that the workers keep answering other requests
+//! (health checks among them) and a request dropped at its timeout stops
+//! within a slice.
+
+use crate::history::{Candidate, Selector};
+
+pub(crate) const SLICE_TURNS: usize = 64;
+pub(crate) const SLICE_BYTES: usize = 256 * 1024;
+
+/// Offers `first` (reserved, with `keep_first`) then `rest` in order to
+/// `sel`, until it stops; returns it.
+pub(crate) async fn offer_all(
+    mut sel: Selector,
+    first: Option<Candidate>,
+    rest: Vec<Candidate>,
+) -> Selector {
+    if let Some(first) = first {
+        sel = if sel.must_count(&first) {
+            blocking(sel, move |sel| {
+                sel.reserve_first(first);
+            })
+            .await
+        } else {
+            sel.reserve_first(first);
+            sel
+        };
+        if sel.is_stopped() {
+            return sel;
+        }
+    }
+    let mut rest = rest.into_iter().peekable();
+    while let Some(next) = rest.peek() {
+        if sel.is_stopped() {
+            break;
+        }
+        if !sel.must_count(next) {
+            let c = rest.next().expect("peeked");
+            sel.offer(c);
+            continue;
+        }
+        let (mut slice, mut bytes) = (Vec::new(), 0);
+        while slice.len() < SLICE_TURNS && bytes < SLICE_BYTES {
+            let Some(c) = rest.next() else { break };
+            bytes += c.user_query.text.len() + c.final_answer.text.len();
+            slice.push(c);
+        }
+        sel = blocking(sel, move |sel| {
+            for c in slice {
+                if !sel.offer(c) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    sel
+}
+
+/// Runs `work` on `sel` on the blocking pool. A panic there is raised
+/// again here, as if it had happened in the request's task.
+async fn blocking(
+    mut sel: Selector,
+    work: impl FnOnce(&mut Selector) + Send + 'static,
+) -> Selector {
+    match tokio::task::spawn_blocking(move || {
+        work(&mut sel);
+        sel
+    })
+    .await
+    {
+        Ok(sel) => sel,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => panic!("the runtime shut down during a read"),
+    }
+}
