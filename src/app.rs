@@ -5,12 +5,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
+use crate::server::{self, ConnLimits};
 use crate::store::redis::LayoutError;
 use crate::store::{Limits, MemoryStore, Metered, RedisStore, Store};
 
@@ -21,6 +21,8 @@ pub struct Application {
     router: axum::Router,
     port: u16,
     shutdown_timeout: Duration,
+    connections: ConnLimits,
+    metrics: Arc<Metrics>,
 }
 
 impl Application {
@@ -47,12 +49,30 @@ impl Application {
             .map_err(|e| format!("cannot listen on {}: {e}", settings.listen))?;
         let port = listener.local_addr()?.port();
         let shutdown_timeout = settings.shutdown_timeout;
-        let router = router(AppState::new(store, settings, &api_keys, metrics));
+        let max_connections = server::connection_cap(
+            settings.max_connections as usize,
+            server::raise_file_limit(),
+        );
+        if max_connections < settings.max_connections as usize {
+            tracing::warn!(
+                max_connections,
+                "TURNSTORE_MAX_CONNECTIONS lowered to what the open file limit allows (less {})",
+                server::FILE_RESERVE
+            );
+        }
+        let connections = ConnLimits {
+            header_timeout: settings.header_timeout,
+            idle_timeout: settings.idle_timeout,
+            max_connections,
+        };
+        let router = router(AppState::new(store, settings, &api_keys, metrics.clone()));
         Ok(Application {
             listener,
             router,
             port,
             shutdown_timeout,
+            connections,
+            metrics,
         })
     }
 
@@ -67,17 +87,16 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        // Responses go out as soon as they are written, not held back by
-        // Nagle's algorithm waiting for the previous segment's ACK.
-        let listener = self.listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "could not set TCP_NODELAY");
-            }
-        });
-        let server = axum::serve(listener, self.router).with_graceful_shutdown(async move {
-            shutdown.await;
-            let _ = stopping_tx.send(());
-        });
+        let server = server::serve(
+            self.listener,
+            self.router,
+            self.connections,
+            self.metrics,
+            async move {
+                shutdown.await;
+                let _ = stopping_tx.send(());
+            },
+        );
         let deadline = async move {
             if stopping_rx.await.is_ok() {
                 tokio::time::sleep(self.shutdown_timeout).await;
@@ -86,7 +105,7 @@ impl Application {
             }
         };
         tokio::select! {
-            result = server => result,
+            () = server => Ok(()),
             () = deadline => {
                 tracing::warn!("shutdown timeout passed: dropping the requests still in flight");
                 Ok(())

@@ -18,7 +18,7 @@ use crate::config::{LogFormat, Settings};
     about = "Conversation history for LLM and RAG backends"
 )]
 #[command(args_conflicts_with_subcommands = true)]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]

@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use crate::tokens::Encoding;
 
 /// Everything `serve` needs. Field docs are the `--help` text.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, PartialEq, Args)]
 pub struct Settings {
     /// Address to serve on.
     #[arg(long, env = "TURNSTORE_LISTEN", default_value = "127.0.0.1:8080")]
@@ -125,6 +125,23 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub store_timeout: Duration,
 
+    /// A request's head (its line and headers) must arrive within this,
+    /// counted from its first byte (from the connection's start for the
+    /// first request); past it the connection is closed.
+    #[arg(long, env = "TURNSTORE_HEADER_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
+    /// A keep-alive connection with no request in flight is closed after
+    /// this long.
+    #[arg(long, env = "TURNSTORE_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Client connections kept open at most (and never more than the open
+    /// file limit allows, less 64). One more closes the connection idle the
+    /// longest, or is closed itself when none is idle.
+    #[arg(long, env = "TURNSTORE_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
     /// Multiplexed Redis connections per instance, used in turn.
     #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub redis_pool_size: u32,
@@ -137,35 +154,17 @@ pub enum LogFormat {
 }
 
 impl Default for Settings {
-    /// The documented defaults, without reading the environment (tests rely on that).
+    /// The defaults `turnstore serve` documents, written once: in the
+    /// attributes above. The environment is not read (tests rely on that).
     fn default() -> Self {
-        Settings {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            redis_url: None,
-            redis_cluster_nodes: Vec::new(),
-            key_prefix: "turnstore".into(),
-            session_ttl: Duration::from_secs(7 * 24 * 3600),
-            pending_ttl: Duration::from_secs(15 * 60),
-            max_turns: 1000,
-            max_pending_turns: 64,
-            max_history_bytes: 4 * 1024 * 1024,
-            max_query_bytes: 32 * 1024,
-            max_answer_bytes: 128 * 1024,
-            max_body_bytes: 1024 * 1024,
-            history_limit: 20,
-            history_max_tokens: 4096,
-            encoding: Encoding::O200kBase,
-            api_keys: Vec::new(),
-            api_keys_file: None,
-            redis_ca_file: None,
-            request_timeout: Duration::from_secs(5),
-            max_concurrency: 1024,
-            shutdown_timeout: Duration::from_secs(10),
-            worker_threads: 0,
-            log_format: LogFormat::Text,
-            store_timeout: Duration::from_secs(1),
-            redis_pool_size: 16,
-        }
+        use clap::{Args, FromArgMatches};
+        let cmd = Settings::augment_args(clap::Command::new("turnstore"))
+            .mut_args(|a| a.env(None))
+            .no_binary_name(true);
+        let matches = cmd
+            .try_get_matches_from(std::iter::empty::<&str>())
+            .expect("the defaults parse");
+        Settings::from_arg_matches(&matches).expect("the defaults parse")
     }
 }
 
@@ -241,6 +240,43 @@ fn parse_key_prefix(s: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `turnstore serve` gets with no flags, through the real command
+    /// line, when no `TURNSTORE_*` setting is in the environment.
+    #[test]
+    fn defaults_are_what_serve_gets_with_no_flags() {
+        use clap::{Args, CommandFactory};
+        let names: Vec<String> = Settings::augment_args(clap::Command::new("t"))
+            .get_arguments()
+            .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+            .collect();
+        assert!(names.len() > 20, "{names:?}");
+        let set: Vec<&String> = names
+            .iter()
+            .filter(|n| std::env::var_os(n).is_some())
+            .collect();
+        assert!(set.is_empty(), "unset {set:?} to run this test");
+        let matches = crate::cli::Cli::command()
+            .try_get_matches_from(["turnstore", "serve"])
+            .unwrap();
+        let (_, serve) = matches.subcommand().unwrap();
+        let served = <Settings as clap::FromArgMatches>::from_arg_matches(serve).unwrap();
+        assert_eq!(served, Settings::default());
+        assert_eq!(served.redis_pool_size, 2);
+        assert_eq!(served.session_ttl, Duration::from_secs(7 * 24 * 3600));
+    }
+
+    #[test]
+    fn the_readme_lists_every_setting() {
+        use clap::Args;
+        let readme = include_str!("../README.md");
+        for arg in Settings::augment_args(clap::Command::new("t")).get_arguments() {
+            if let Some(env) = arg.get_env() {
+                let row = format!("| `{}` |", env.to_string_lossy());
+                assert!(readme.contains(&row), "README's configuration table lacks {row}");
+            }
+        }
+    }
 
     #[test]
     fn durations_parse_with_units() {

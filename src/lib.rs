@@ -23,6 +23,7 @@ pub mod domain;
 pub mod history;
 pub mod http;
 pub mod metrics;
+pub mod server;
 pub mod store;
 pub mod tokens;
 pub mod turn;

@@ -31,6 +31,12 @@ pub struct StoreErrorLabels {
     pub kind: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClosedLabels {
+    /// `header_timeout`, `idle_timeout`, `evicted` or `refused` (the cap).
+    pub reason: &'static str,
+}
+
 type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
 type StoreHistogramFamily = Family<StoreLabels, Histogram, fn() -> Histogram>;
 
@@ -51,6 +57,8 @@ pub struct Metrics {
     pool_waiting: Gauge,
     load_shed: Counter,
     timeouts: Counter,
+    connections_open: Gauge,
+    connections_closed: Family<ClosedLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -141,6 +149,18 @@ impl Metrics {
             "Requests answered 503 request_timeout",
             timeouts.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "Client connections open",
+            connections_open.clone(),
+        );
+        let connections_closed = Family::<ClosedLabels, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Client connections the server closed: header_timeout, idle_timeout, evicted or refused (the connection cap)",
+            connections_closed.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -162,7 +182,23 @@ impl Metrics {
             pool_waiting,
             load_shed,
             timeouts,
+            connections_open,
+            connections_closed,
         }
+    }
+
+    pub fn connection_opened(&self) {
+        self.connections_open.inc();
+    }
+
+    pub fn connection_gone(&self) {
+        self.connections_open.dec();
+    }
+
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ClosedLabels { reason })
+            .inc();
     }
 
     pub fn observe_store(&self, op: &'static str, seconds: f64, error: Option<&'static str>) {

@@ -96,3 +96,145 @@ async fn reads_that_count_leave_probes_answering_and_end_at_the_timeout() {
         }
     }
 }
+
+/// Reads until the server closes the connection; `false` if it is still
+/// open after `within`.
+async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    let read_all = async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(within, read_all).await.is_ok()
+}
+
+/// Whether the server has closed the connection (without waiting).
+fn is_open(tcp: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 1];
+    matches!(tcp.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// A head sent a line at a time, a connection that sends nothing, and an
+/// idle keep-alive connection: the first two are closed at the header
+/// timeout, the last one at the idle timeout (and not before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_heads_silent_and_idle_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    // Arrange
+    let ts = Turnstore::spawn(&[
+        ("TURNSTORE_HEADER_TIMEOUT", "1s".into()),
+        ("TURNSTORE_IDLE_TIMEOUT", "3s".into()),
+    ]);
+    let mut slow = TcpStream::connect(ts.listen()).await.unwrap();
+    let mut silent = TcpStream::connect(ts.listen()).await.unwrap();
+    let mut idle = TcpStream::connect(ts.listen()).await.unwrap();
+
+    // Act: the slow client sends a header line every 250 ms, for 10 s.
+    let writer = tokio::spawn(async move {
+        let (mut read, mut write) = slow.split();
+        let _ = write
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n")
+            .await;
+        let sending = async {
+            for i in 0..40 {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let line = format!("X-Slow-{i}: 1\r\n");
+                if write.write_all(line.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        };
+        let mut buf = [0u8; 64];
+        tokio::select! {
+            () = sending => false,
+            _ = read.read(&mut buf) => true,
+        }
+    });
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+
+    // Assert
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(5)).await,
+        "a silent connection is still open"
+    );
+    assert!(
+        writer.await.unwrap(),
+        "a head sent a line at a time was still read after 10 s"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        is_open(&idle),
+        "an idle connection was closed at the header timeout"
+    );
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(8)).await,
+        "an idle connection is still open"
+    );
+    let metrics = client()
+        .get(format!("{}/metrics", ts.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for reason in ["header_timeout", "idle_timeout"] {
+        let line = format!("turnstore_connections_closed_total{{reason=\"{reason}\"}}");
+        assert!(metrics.contains(&line), "{line} missing:\n{metrics}");
+    }
+}
+
+/// 200 connections that send nothing, held by a client, against a
+/// service allowed 128 open files: real requests on new connections are
+/// still answered (the oldest silent connections make way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_piling_up_do_not_lock_out_requests() {
+    // Arrange: timeouts long enough that only the cap can make room.
+    let ts = Turnstore::spawn_with_file_limit(
+        &[
+            ("TURNSTORE_HEADER_TIMEOUT", "60s".into()),
+            ("TURNSTORE_IDLE_TIMEOUT", "60s".into()),
+        ],
+        Some(128),
+    );
+    let mut silent = vec![];
+    for _ in 0..200 {
+        silent.push(tokio::net::TcpStream::connect(ts.listen()).await.unwrap());
+    }
+
+    // Act
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut statuses = vec![];
+    for i in 0..5 {
+        let res = http
+            .post(format!("{}/v1/turns", ts.base()))
+            .json(&json!({"session_id": format!("busy-{i}"), "user_query": "q"}))
+            .send()
+            .await;
+        statuses.push(res.map(|r| r.status().as_u16()).map_err(|e| e.to_string()));
+    }
+
+    // Assert
+    assert!(
+        statuses.iter().all(|s| s == &Ok(201)),
+        "{statuses:?}\n{}",
+        ts.log()
+    );
+    let still_open = silent.iter().filter(|t| is_open(t)).count();
+    assert!(still_open <= 64, "{still_open} silent connections kept");
+}

@@ -524,7 +524,20 @@ pub struct Turnstore {
 
 impl Turnstore {
     pub fn spawn(env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_turnstore"));
+        Self::spawn_with_file_limit(env, None)
+    }
+
+    /// Spawned under `ulimit -n <files>` (soft and hard) when given.
+    pub fn spawn_with_file_limit(env: &[(&str, String)], files: Option<u32>) -> Self {
+        let bin = env!("CARGO_BIN_EXE_turnstore");
+        let mut cmd = match files {
+            None => Command::new(bin),
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", &format!("ulimit -n {n} && exec \"$0\""), bin]);
+                sh
+            }
+        };
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("TURNSTORE_LISTEN", "127.0.0.1:0")
