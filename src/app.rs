@@ -131,7 +131,8 @@ pub async fn build_store(
     match store.ensure_layout().await {
         Ok(()) => {}
         Err(LayoutError::Store(e)) => {
-            tracing::warn!(error = %e, "Redis is not reachable yet: starting unready");
+            let cause = store.explain(e).await;
+            tracing::warn!(%cause, "Redis is not usable yet: starting unready (/readyz answers 503 until it is)");
         }
         Err(e) => return Err(e.into()),
     }

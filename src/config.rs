@@ -273,7 +273,10 @@ mod tests {
         for arg in Settings::augment_args(clap::Command::new("t")).get_arguments() {
             if let Some(env) = arg.get_env() {
                 let row = format!("| `{}` |", env.to_string_lossy());
-                assert!(readme.contains(&row), "README's configuration table lacks {row}");
+                assert!(
+                    readme.contains(&row),
+                    "README's configuration table lacks {row}"
+                );
             }
         }
     }

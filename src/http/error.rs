@@ -42,6 +42,8 @@ pub enum ApiError {
     TooManyPendingTurns { retry_after: std::time::Duration },
     /// 503 `store_unavailable`
     StoreUnavailable,
+    /// 503 `store_unavailable` from `/readyz`, saying why (never a URL).
+    StoreUnready(String),
     /// 500 `internal`
     Internal,
     /// 404 `not_found`: no such route.
@@ -150,6 +152,12 @@ impl ApiError {
                 "store_unavailable",
                 "Store unavailable",
                 "the store did not answer in time; retry later".into(),
+            ),
+            StoreUnready(cause) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "Store unavailable",
+                cause.clone(),
             ),
             Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,

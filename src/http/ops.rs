@@ -8,6 +8,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::store::StoreError;
 
 /// The process is alive.
 pub async fn healthz() -> Json<serde_json::Value> {
@@ -16,8 +17,14 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// The store answers; 503 `store_unavailable` while it does not.
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
-    app.store.ping().await?;
-    Ok(Json(json!({"status": "ready"})))
+    match app.store.ping().await {
+        Ok(()) => Ok(Json(json!({"status": "ready"}))),
+        Err(StoreError::Unavailable(cause)) => {
+            tracing::warn!(%cause, "not ready");
+            Err(ApiError::StoreUnready(cause))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub async fn metrics(State(app): State<AppState>) -> Response {

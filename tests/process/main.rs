@@ -5,6 +5,7 @@ mod edge;
 mod harness;
 mod migrate;
 mod scale;
+mod startup;
 
 use std::time::Duration;
 

@@ -9,7 +9,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, IntoConnectionInfo, RedisFuture, TlsCertificates, Value};
+use redis::{
+    Client, ConnectionAddr, IntoConnectionInfo, RedisError, RedisFuture, TlsCertificates, Value,
+};
 
 use crate::store::{PoolStatus, StoreError};
 
@@ -27,6 +29,9 @@ pub(super) enum Target {
 /// one round trip.
 pub(super) struct Standalone {
     conns: Vec<ConnectionManager>,
+    /// Host, port and whether the URL asks for TLS, for [`Connections::explain`];
+    /// `None` for a Unix socket.
+    probe: Option<(String, u16, bool)>,
     /// Requests in flight on each connection, for the pool metrics.
     in_flight: Vec<Arc<AtomicUsize>>,
     next: AtomicUsize,
@@ -91,6 +96,44 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// How a store-timeout error begins.
+const NO_ANSWER: &str = "Redis did not answer within";
+
+/// A Redis error in words an operator can act on, then as the client put it
+/// (neither holds the URL, which may hold a password).
+pub(super) fn cause(e: &RedisError) -> String {
+    let text = e.to_string();
+    let has = |s: &str| text.contains(s);
+    let what = if e.kind() == redis::ErrorKind::AuthenticationFailed || has("WRONGPASS") {
+        "authentication failed: wrong user or password in the Redis URL"
+    } else if has("NOAUTH") {
+        "authentication required: the Redis URL has no password"
+    } else if has("failed to lookup address") {
+        "unknown host: the Redis host name does not resolve"
+    } else if has("Connection refused") {
+        "connection refused: nothing listens at the Redis address"
+    } else if has("certificate") || has("TLS") || has("tls") || has("handshake") {
+        "TLS handshake failed (a private CA needs TURNSTORE_REDIS_CA_FILE)"
+    } else if has("Connection reset") || has("Broken pipe") || has("end of file") {
+        "the server closed the connection: if it expects TLS, use rediss://"
+    } else if e.kind() == redis::ErrorKind::Parse {
+        "the server does not speak the Redis protocol: check the address, or use rediss:// if it expects TLS"
+    } else {
+        return format!("Redis: {text}");
+    };
+    format!("Redis: {what} ({text})")
+}
+
+/// Whether a plain Redis answers a PING at `host:port`.
+async fn probe(host: &str, port: u16) -> std::io::Result<bool> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect((host, port)).await?;
+    tcp.write_all(b"PING\r\n").await?;
+    let mut first = [0u8; 1];
+    let n = tcp.read(&mut first).await?;
+    Ok(n == 1 && (first[0] == b'+' || first[0] == b'-'))
+}
+
 pub(super) struct Connections {
     pub(super) target: Target,
     /// Bounds waiting for a connection plus the round trip.
@@ -121,6 +164,11 @@ impl Connections {
                     .get_connection_info()
                     .clone(),
             };
+            let probe = match info.addr() {
+                ConnectionAddr::Tcp(host, port) => Some((host.clone(), *port, false)),
+                ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port, true)),
+                _ => None,
+            };
             let client = Client::open(info).map_err(invalid)?;
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(timeout))
@@ -133,6 +181,7 @@ impl Connections {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(invalid)?;
             Target::Standalone(Box::new(Standalone {
+                probe,
                 in_flight: conns.iter().map(|_| Arc::default()).collect(),
                 conns,
                 next: AtomicUsize::new(0),
@@ -167,7 +216,7 @@ impl Connections {
                     return Ok(Conn::Cluster(c.clone()));
                 }
                 let c = cluster.client.get_async_connection().await.map_err(|e| {
-                    StoreError::Unavailable(format!("no Redis Cluster connection: {e}"))
+                    StoreError::Unavailable(format!("no Redis Cluster connection: {}", cause(&e)))
                 })?;
                 *slot = Some(c.clone());
                 Ok(Conn::Cluster(c))
@@ -201,17 +250,46 @@ impl Connections {
                 if e.is_unrecoverable_error() {
                     self.forget_cluster_connection();
                 }
-                StoreError::Unavailable(format!("Redis: {e}"))
+                StoreError::Unavailable(cause(&e))
             })
         };
         tokio::time::timeout(self.timeout, work)
             .await
             .unwrap_or_else(|_| {
                 Err(StoreError::Unavailable(format!(
-                    "Redis did not answer within {:?}",
+                    "{NO_ANSWER} {:?}",
                     self.timeout
                 )))
             })
+    }
+
+    /// `error`, or when it only says Redis did not answer in time, what a
+    /// plain TCP probe of the address finds: nothing there, a plain Redis
+    /// where the URL asks for TLS, or a Redis that answers but slowly.
+    pub async fn explain(&self, error: StoreError) -> StoreError {
+        let StoreError::Unavailable(said) = &error else {
+            return error;
+        };
+        let Target::Standalone(pool) = &self.target else {
+            return error;
+        };
+        let (Some((host, port, tls)), true) = (&pool.probe, said.starts_with(NO_ANSWER)) else {
+            return error;
+        };
+        let found = tokio::time::timeout(self.timeout, probe(host, *port)).await;
+        let what = match (found, tls) {
+            (Ok(Ok(true)), true) => {
+                "TLS expected by the URL (rediss://), but the server speaks plain Redis: use redis://"
+            }
+            (Ok(Ok(true)), false) => {
+                "the server answers a plain PING, but not in time: overloaded?"
+            }
+            (Ok(Ok(false)), true) => "TLS handshake did not complete",
+            (Ok(Ok(false)), false) => "the server does not speak the Redis protocol",
+            (Ok(Err(_)), _) => "the address refuses connections",
+            (Err(_), _) => "nothing answers at the address (a firewall dropping packets?)",
+        };
+        StoreError::Unavailable(format!("{said}: {what}"))
     }
 
     pub async fn query<T: redis::FromRedisValue + Send + 'static>(

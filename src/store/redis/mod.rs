@@ -81,6 +81,12 @@ impl RedisStore {
         })
     }
 
+    /// `e`, with what a probe of the Redis address finds when `e` only
+    /// says it did not answer in time (see `Connections::explain`).
+    pub async fn explain(&self, e: StoreError) -> StoreError {
+        self.conn.explain(e).await
+    }
+
     /// Checks the layout once before the first script (Redis may have been
     /// down when the service started).
     async fn layout_checked(&self) -> Result<(), StoreError> {
@@ -160,7 +166,13 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.layout_checked().await?;
-        self.conn.query::<()>(redis::cmd("PING")).await
+        let pinged = async {
+            self.layout_checked().await?;
+            self.conn.query::<()>(redis::cmd("PING")).await
+        };
+        match pinged.await {
+            Err(e) => Err(self.explain(e).await),
+            Ok(()) => Ok(()),
+        }
     }
 }
