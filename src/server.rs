@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -59,9 +59,9 @@ pub async fn serve(
 ) {
     let open = Arc::new(Open::default());
     let (stopping_tx, stopping) = watch::channel(false);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new());
-    let builder = Arc::new(builder);
+    // No timer for hyper: its own header timeout would also cut idle
+    // keep-alive connections short, and arm a timer for every request.
+    let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     let mut last_accept_error: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
@@ -307,7 +307,7 @@ struct Connection {
 }
 
 impl Connection {
-    async fn run(mut self, tcp: TcpStream) {
+    async fn run(self, tcp: TcpStream) {
         let activity = self.conn.activity.clone();
         let io = TokioIo::new(Watched {
             io: tcp,
@@ -325,10 +325,16 @@ impl Connection {
         });
         let served = self.builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(served);
-        let mut closing = *self.stopping.borrow();
-        if closing {
-            served.as_mut().graceful_shutdown();
-        }
+        // The watchdog waits on the timers, an eviction and the server's
+        // stop in a task of its own: a request's wake-ups poll only the
+        // connection and one channel.
+        let (tx, mut closing) = tokio::sync::mpsc::channel(2);
+        let watchdog = tokio::spawn(watchdog(
+            self.conn.clone(),
+            self.limits,
+            self.stopping.clone(),
+            tx,
+        ));
         let closed_by = loop {
             tokio::select! {
                 result = served.as_mut() => {
@@ -337,21 +343,59 @@ impl Connection {
                     }
                     break None;
                 }
-                why = self.conn.activity.expired(&self.limits) => break Some(why),
-                () = self.conn.evicted.notified() => break None,
-                changed = self.stopping.changed(), if !closing => {
-                    if changed.is_err() || *self.stopping.borrow() {
-                        closing = true;
-                        served.as_mut().graceful_shutdown();
-                    }
-                }
+                close = closing.recv() => match close {
+                    Some(Close::Gracefully) => served.as_mut().graceful_shutdown(),
+                    Some(Close::Now(why)) => break why,
+                    None => {}
+                },
             }
         };
+        watchdog.abort();
         if let Some(why) = closed_by {
             self.metrics.connection_closed(why);
         }
         self.metrics.connection_gone();
         self.open.remove(self.conn.id);
+    }
+}
+
+enum Close {
+    /// The server stops: finish the requests in flight, then close.
+    Gracefully,
+    /// At once; with the reason to count, if not counted already.
+    Now(Option<&'static str>),
+}
+
+/// Tells a connection when to close: at a timeout, on eviction, or
+/// gracefully when the server stops (and keeps watching the timers then).
+async fn watchdog(
+    conn: Arc<Conn>,
+    limits: ConnLimits,
+    mut stopping: watch::Receiver<bool>,
+    tx: tokio::sync::mpsc::Sender<Close>,
+) {
+    let mut told = false;
+    if *stopping.borrow() {
+        let _ = tx.send(Close::Gracefully).await;
+        told = true;
+    }
+    loop {
+        tokio::select! {
+            why = conn.activity.expired(&limits) => {
+                let _ = tx.send(Close::Now(Some(why))).await;
+                return;
+            }
+            () = conn.evicted.notified() => {
+                let _ = tx.send(Close::Now(None)).await;
+                return;
+            }
+            changed = stopping.changed(), if !told => {
+                if changed.is_err() || *stopping.borrow() {
+                    told = true;
+                    let _ = tx.send(Close::Gracefully).await;
+                }
+            }
+        }
     }
 }
 
