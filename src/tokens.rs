@@ -10,7 +10,7 @@
 //! before a letter in two pieces ("\n\n" then "User" is "\n", "\n", "User"),
 //! where at the end of a string it is one ("\n\n"). So a part followed by
 //! another is counted with a letter after it, less that letter's count
-//! ([`count_before_letter`]). The parts are counted when the turn is
+//! (`LETTER`). The parts are counted when the turn is
 //! written: `"User: q\n"` at start, `"Assistant: a\n\n"` and `"Assistant: a"`
 //! (the newest block, followed by nothing) at finalize. Property tests here
 //! and in `history::render` check sums against fresh counts, in every
@@ -139,7 +139,7 @@ impl Encoding {
     pub fn header_count(self) -> u32 {
         static CACHE: [OnceLock<u32>; 6] = [const { OnceLock::new() }; 6];
         let slot = Self::ALL.iter().position(|e| *e == self).unwrap_or(0);
-        *CACHE[slot].get_or_init(|| count_before_letter(self, HEADER, self.count(HEADER)))
+        *CACHE[slot].get_or_init(|| self.count(&format!("{HEADER}{LETTER}")) - self.count(LETTER))
     }
 }
 
@@ -196,13 +196,13 @@ impl TurnCosts {
 impl QueryTokens {
     pub fn count(encoding: Encoding, query: &str) -> Self {
         let query_count = encoding.count(query);
-        let head = format!("{USER}{query}\n");
+        let head = format!("{USER}{query}");
         let head_count = count_with_prefix(encoding, USER, query, query_count);
-        let line_count = count_with_suffix(encoding, &head[..head.len() - 1], head_count, "\n");
+        let line = count_with_suffix(encoding, &head, head_count, NEWLINE_LETTER);
         QueryTokens {
             encoding,
             query: query_count,
-            user_line: count_before_letter(encoding, &head, line_count),
+            user_line: line - encoding.count(LETTER),
         }
     }
 }
@@ -210,14 +210,13 @@ impl QueryTokens {
 impl AnswerTokens {
     pub fn count(encoding: Encoding, answer: &str) -> Self {
         let answer_count = encoding.count(answer);
-        let sep = assistant_line(answer, true);
-        let last = &sep[..sep.len() - 2];
+        let last = assistant_line(answer, false);
         let assistant_last = count_with_prefix(encoding, ASSISTANT, answer, answer_count);
-        let sep_count = count_with_suffix(encoding, last, assistant_last, "\n\n");
+        let sep = count_with_suffix(encoding, &last, assistant_last, BLANK_LINE_LETTER);
         AnswerTokens {
             encoding,
             answer: answer_count,
-            assistant_sep: count_before_letter(encoding, &sep, sep_count),
+            assistant_sep: sep - encoding.count(LETTER),
             assistant_last,
         }
     }
@@ -246,7 +245,8 @@ fn count_with_prefix(encoding: Encoding, prefix: &str, text: &str, text_count: u
 /// again when that is exact: if `text` ends in a run `T` of ASCII
 /// non-alphanumerics right after an ASCII letter or digit, no
 /// pre-tokenizer piece spans the start of `T` (with or without a suffix of
-/// newlines), so only `T` and `T + suffix` need counting. Otherwise the
+/// newlines, and a letter after them: no piece spans a newline and a
+/// letter), so only `T` and `T + suffix` need counting. Otherwise the
 /// whole text is counted again.
 fn count_with_suffix(encoding: Encoding, text: &str, text_count: u32, suffix: &str) -> u32 {
     let tail_start = text
@@ -261,22 +261,13 @@ fn count_with_suffix(encoding: Encoding, text: &str, text_count: u32, suffix: &s
     text_count - encoding.count(tail) + encoding.count(&format!("{tail}{suffix}"))
 }
 
-/// The tokens `text` (which ends in a newline) takes when a letter follows
-/// it, given its count alone. Only its trailing whitespace run can tokenize
-/// differently (the lookahead of `\s+(?!\S)`). Under p50k and r50k that run
-/// starts a piece (no piece of theirs holds whitespace after anything
-/// else), so counting it again, alone and before a letter, gives the
-/// difference. Under cl100k and o200k a run ending in a newline tokenizes
-/// the same whatever follows, and the difference is 0.
-fn count_before_letter(encoding: Encoding, text: &str, text_count: u32) -> u32 {
-    let run = &text[text.trim_end().len()..];
-    let before = encoding.count(&format!("{run}{LETTER}")) - encoding.count(LETTER);
-    text_count - encoding.count(run) + before
-}
-
 /// What follows every cut of the `text` rendering: the "U" of "User:" or
 /// the "A" of "Assistant:" (either gives the same pieces before it).
 const LETTER: &str = "U";
+/// The suffixes a user line and an inner assistant block are counted with:
+/// their newlines, and the letter after them.
+const NEWLINE_LETTER: &str = "\nU";
+const BLANK_LINE_LETTER: &str = "\n\nU";
 
 const USER: &str = "User: ";
 const ASSISTANT: &str = "Assistant: ";
@@ -376,12 +367,14 @@ mod tests {
                 "Assistant: 🙂",
                 "Assistant: x'",
             ] {
-                let whole = enc.count(&format!("{text}\n\n"));
-                assert_eq!(
-                    count_with_suffix(enc, text, enc.count(text), "\n\n"),
-                    whole,
-                    "{text:?}"
-                );
+                for suffix in ["\n\n", NEWLINE_LETTER, BLANK_LINE_LETTER] {
+                    let whole = enc.count(&format!("{text}{suffix}"));
+                    assert_eq!(
+                        count_with_suffix(enc, text, enc.count(text), suffix),
+                        whole,
+                        "{enc:?} {text:?} {suffix:?}"
+                    );
+                }
             }
         }
     }
@@ -441,8 +434,10 @@ mod tests {
         ) {
             let enc = Encoding::ALL[encoding];
             let text = format!("Assistant: {body}");
-            let fresh = enc.count(&format!("{text}\n\n"));
-            proptest::prop_assert_eq!(count_with_suffix(enc, &text, enc.count(&text), "\n\n"), fresh);
+            for suffix in ["\n\n", NEWLINE_LETTER, BLANK_LINE_LETTER] {
+                let fresh = enc.count(&format!("{text}{suffix}"));
+                proptest::prop_assert_eq!(count_with_suffix(enc, &text, enc.count(&text), suffix), fresh);
+            }
         }
     }
 

@@ -155,7 +155,12 @@ pub async fn start_turn(
 
     let hash = key.as_ref().map(|_| request_hash(&body));
     let turn_id = TurnId::generate();
-    let tokens = QueryTokens::count(app.settings.encoding, query.as_str());
+    let long = query.as_str().len() > COUNT_INLINE_BYTES;
+    let encoding = app.settings.encoding;
+    let (query, tokens) = counted(query, long, move |q: &UserQuery| {
+        QueryTokens::count(encoding, q.as_str())
+    })
+    .await;
     let started = app
         .store
         .start_turn(StartTurn {
@@ -245,8 +250,14 @@ pub async fn finalize_turn(
     let (Some(answer), Some(session), Some(turn)) = (answer, session, turn) else {
         return Err(ApiError::Internal);
     };
+    let long = answer.as_str().len() > COUNT_INLINE_BYTES;
+    let encoding = app.settings.encoding;
+    let (answer, tokens) = counted(answer, long, move |a: &FinalAnswer| {
+        AnswerTokens::count(encoding, a.as_str())
+    })
+    .await;
     let end = Finalization {
-        tokens: AnswerTokens::count(app.settings.encoding, answer.as_str()),
+        tokens,
         final_answer: answer.into_string(),
         finalized_at: now_millis(),
     };
@@ -294,4 +305,30 @@ pub async fn abort_turn(
     app.store.delete_turn(&session, turn).await?;
     app.metrics.turn_aborted();
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Texts longer than this are counted on the blocking pool: a 128 KiB
+/// answer takes 5 to 130 ms (prose to one long whitespace run), which a
+/// worker must not spend while probes and other requests wait.
+const COUNT_INLINE_BYTES: usize = 16 * 1024;
+
+/// `count(text)`, off the async workers when `long`; gives the text back.
+async fn counted<T, C>(text: T, long: bool, count: impl FnOnce(&T) -> C + Send + 'static) -> (T, C)
+where
+    T: Send + 'static,
+    C: Send + 'static,
+{
+    if !long {
+        let c = count(&text);
+        return (text, c);
+    }
+    match tokio::task::spawn_blocking(move || {
+        let c = count(&text);
+        (text, c)
+    })
+    .await
+    {
+        Ok(done) => done,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
 }

@@ -97,6 +97,66 @@ async fn reads_that_count_leave_probes_answering_and_end_at_the_timeout() {
     }
 }
 
+/// Eight finalizes whose answers take the tokenizer longest (128 KiB, one
+/// whitespace run: about 100 ms each) at once, on two workers: a probe
+/// sent meanwhile is answered before the first of them ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_texts_are_counted_off_the_workers() {
+    // Arrange
+    let ts = Turnstore::spawn(&[("TURNSTORE_WORKER_THREADS", "2".to_string())]);
+    let (http, base) = (client(), ts.base());
+    let answer = format!("a{}\n", " ".repeat(131_000));
+    let mut turns = vec![];
+    for i in 0..8 {
+        let res = http
+            .post(format!("{base}/v1/turns"))
+            .json(&json!({"session_id": format!("long-{i}"), "user_query": "q"}))
+            .send()
+            .await
+            .unwrap();
+        let t: Value = res.json().await.unwrap();
+        turns.push((
+            format!("long-{i}"),
+            t["turn_id"].as_str().unwrap().to_owned(),
+        ));
+    }
+
+    // Act
+    let finalizes: Vec<_> = turns
+        .into_iter()
+        .map(|(session, turn)| {
+            let (http, base, answer) = (http.clone(), base.clone(), answer.clone());
+            tokio::spawn(async move {
+                let res = http
+                    .post(format!(
+                        "{base}/v1/sessions/{session}/turns/{turn}/finalize"
+                    ))
+                    .json(&json!({ "final_answer": answer }))
+                    .send()
+                    .await
+                    .unwrap();
+                (res.status().as_u16(), Instant::now())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let probe = http.get(format!("{base}/healthz")).send().await.unwrap();
+    let probed = Instant::now();
+
+    // Assert
+    assert_eq!(probe.status(), 200);
+    let mut ends = vec![];
+    for f in finalizes {
+        let (status, end) = f.await.unwrap();
+        assert_eq!(status, 200, "{}", ts.log());
+        ends.push(end);
+    }
+    assert!(
+        probed < ends.into_iter().min().unwrap(),
+        "the probe waited for a finalize"
+    );
+}
+
 /// Reads until the server closes the connection; `false` if it is still
 /// open after `within`.
 async fn closed_within(tcp: &mut tokio::net::TcpStream, within: Duration) -> bool {
