@@ -37,7 +37,7 @@ enum Command {
     /// Exit 0 if the server on the listen address answers `/healthz` with
     /// 200 (for container health checks, without curl in the image).
     Healthcheck {
-        #[arg(long, env = "TURNSTORE_LISTEN", default_value = "127.0.0.1:8080")]
+        #[arg(long, env = "TURNSTORE_LISTEN", default_value = crate::config::DEFAULT_LISTEN)]
         listen: SocketAddr,
     },
 }

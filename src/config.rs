@@ -8,11 +8,14 @@ use clap::{Args, ValueEnum};
 
 use crate::tokens::Encoding;
 
+/// `TURNSTORE_LISTEN`'s default, which `healthcheck` shares.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
 /// Everything `serve` needs. Field docs are the `--help` text.
 #[derive(Debug, Clone, PartialEq, Args)]
 pub struct Settings {
     /// Address to serve on.
-    #[arg(long, env = "TURNSTORE_LISTEN", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "TURNSTORE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
     /// `redis://`, `rediss://` or `redis+unix://` URL; unset means the in-memory store.

@@ -1,5 +1,7 @@
 //! Tests of the real `turnstore` binary: graceful shutdown on SIGTERM, what
-//! its logs may never contain, Redis over TLS, the container health check.
+//! its logs may never contain, Redis over TLS, the container health check;
+//! slow, idle and piled-up connections and heavy reads (`edge`); what the
+//! start and `/readyz` say of a Redis it cannot use (`startup`).
 
 mod edge;
 mod harness;
