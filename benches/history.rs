@@ -72,7 +72,7 @@ fn bench(c: &mut Criterion) {
         for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
             for format in [Format::Text, Format::Messages, Format::Turns] {
                 let opts = options(n as usize, 10_000_000, format, encoding);
-                let id = BenchmarkId::new(format!("{}/{}", encoding.name(), format.name()), n);
+                let id = BenchmarkId::new(format!("{}/{format:?}", encoding.name()), n);
                 group.bench_with_input(id, &opts, |b, opts| {
                     b.iter(|| black_box(read(black_box(&all), opts)))
                 });

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use axum::http::HeaderValue;
 use clap::{Args, ValueEnum};
 
 use crate::tokens::Encoding;
@@ -145,6 +146,12 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
+    /// Comma-separated origins browsers may call the API from
+    /// (`https://app.example.com`), compared exactly; unset means no CORS
+    /// headers at all.
+    #[arg(long, env = "TURNSTORE_CORS_ORIGINS", value_delimiter = ',', value_parser = parse_origin)]
+    pub cors_origins: Vec<HeaderValue>,
+
     /// Multiplexed Redis connections per instance, used in turn.
     #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub redis_pool_size: u32,
@@ -231,6 +238,25 @@ fn parse_encoding(s: &str) -> Result<Encoding, String> {
     })
 }
 
+/// An origin as browsers send it: `scheme://host[:port]`, lower case, no
+/// path; `*` and `null` are refused (CORS here names exact origins).
+fn parse_origin(s: &str) -> Result<HeaderValue, String> {
+    let origin = s.trim().to_ascii_lowercase();
+    let (scheme, rest) = origin
+        .split_once("://")
+        .ok_or_else(|| format!("`{s}` is not an origin like https://app.example.com"))?;
+    let host_ok = !rest.is_empty()
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b));
+    if !matches!(scheme, "http" | "https") || !host_ok {
+        return Err(format!(
+            "`{s}` is not an origin like https://app.example.com (scheme, host and port only; no path, no wildcard)"
+        ));
+    }
+    HeaderValue::from_str(&origin).map_err(|e| format!("`{s}`: {e}"))
+}
+
 /// The prefix goes into every key, so it must not hold `{`/`}` (hash tags) or spaces.
 fn parse_key_prefix(s: &str) -> Result<String, String> {
     if crate::domain::is_identifier(s) {
@@ -281,6 +307,30 @@ mod tests {
                     "README's configuration table lacks {row}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn origins_are_exact_and_lower_case() {
+        assert_eq!(
+            parse_origin(" https://App.Example.com:8443 ").unwrap(),
+            "https://app.example.com:8443"
+        );
+        assert_eq!(
+            parse_origin("http://[::1]:3000").unwrap(),
+            "http://[::1]:3000"
+        );
+        for bad in [
+            "*",
+            "null",
+            "app.example.com",
+            "https://",
+            "https://app.example.com/",
+            "https://app.example.com/path",
+            "ftp://app.example.com",
+            "https://*.example.com",
+        ] {
+            assert!(parse_origin(bad).is_err(), "{bad} was accepted");
         }
     }
 

@@ -20,8 +20,10 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 use tiktoken_rs::CoreBPE;
+use utoipa::ToSchema;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A tiktoken encoding, by its name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 pub enum Encoding {
     #[default]
     #[serde(rename = "o200k_base")]

@@ -1,39 +1,74 @@
-//! The checked-in spec is what the server serves. Regenerate it with
-//! `cargo run -q -- openapi > openapi/openapi.json`.
+//! The checked-in spec is what the server serves, and says what it does.
+//! Regenerate it with `cargo run -q -- openapi > openapi/openapi.json`.
+//! (`scripts/check-openapi` validates it, checks every example against its
+//! schema and generates a Python client from it.)
 
+use serde_json::Value;
+use turnstore::tokens::Encoding;
 use turnstore::{Application, Settings};
 
 const CHECKED_IN: &str = include_str!("../openapi/openapi.json");
 
-#[tokio::test]
-async fn served_spec_matches_the_checked_in_file() {
+async fn served(settings: Settings) -> Value {
     let settings = Settings {
         listen: "127.0.0.1:0".parse().unwrap(),
-        ..Settings::default()
+        ..settings
     };
     let app = Application::build(settings).await.expect("build");
     let url = format!("http://127.0.0.1:{}/openapi.json", app.port());
     tokio::spawn(app.run_until_stopped(std::future::pending::<()>()));
+    reqwest::get(&url).await.unwrap().json().await.unwrap()
+}
 
-    let served: serde_json::Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
-    let checked_in: serde_json::Value = serde_json::from_str(CHECKED_IN).unwrap();
+fn checked_in() -> Value {
+    serde_json::from_str(CHECKED_IN).unwrap()
+}
 
+#[tokio::test]
+async fn served_spec_matches_the_checked_in_file() {
     assert!(
-        served == checked_in,
+        served(Settings::default()).await == checked_in(),
         "openapi/openapi.json is stale: run `cargo run -q -- openapi > openapi/openapi.json`"
     );
 }
 
+#[tokio::test]
+async fn served_spec_states_this_servers_bounds_and_defaults() {
+    let spec = served(Settings {
+        max_query_bytes: 1000,
+        max_answer_bytes: 5000,
+        history_limit: 7,
+        history_max_tokens: 999,
+        encoding: Encoding::Cl100kBase,
+        ..Settings::default()
+    })
+    .await;
+    let schemas = &spec["components"]["schemas"];
+    assert_eq!(
+        schemas["StartTurnRequest"]["properties"]["user_query"]["maxLength"],
+        1000
+    );
+    assert_eq!(
+        schemas["FinalizeTurnRequest"]["properties"]["final_answer"]["maxLength"],
+        5000
+    );
+    let history = &schemas["HistoryParams"]["properties"];
+    assert_eq!(history["limit"]["default"], 7);
+    assert_eq!(history["max_tokens"]["default"], 999);
+    assert_eq!(history["encoding"]["default"], "cl100k_base");
+    let params = spec["paths"]["/v1/sessions/{session_id}/history"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
+    assert_eq!(limit["schema"]["default"], 7);
+}
+
 #[test]
 fn spec_names_every_operation() {
-    let spec: serde_json::Value = serde_json::from_str(&turnstore::openapi_json()).unwrap();
+    let spec = checked_in();
     assert!(spec["openapi"].as_str().unwrap().starts_with("3.1"));
-    let mut ids: Vec<String> = spec["paths"]
-        .as_object()
-        .unwrap()
-        .values()
-        .flat_map(|p| p.as_object().unwrap().values())
-        .filter_map(|op| op["operationId"].as_str().map(str::to_owned))
+    let mut ids: Vec<&str> = operations(&spec)
+        .map(|(_, op)| op["operationId"].as_str().unwrap())
         .collect();
     ids.sort();
     assert_eq!(
@@ -45,8 +80,116 @@ fn spec_names_every_operation() {
             "finalize_turn",
             "get_history",
             "get_session",
+            "healthz",
             "list_user_sessions",
+            "readyz",
             "start_turn",
         ]
+    );
+}
+
+fn operations(spec: &Value) -> impl Iterator<Item = (&str, &Value)> {
+    spec["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .values()
+                .map(move |op| (path.as_str(), op))
+        })
+}
+
+/// The problem codes an operation documents for a status, read through the
+/// shared responses' examples.
+fn codes(spec: &Value, op: &Value, status: &str) -> Vec<String> {
+    let reference = op["responses"][status]["$ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{} has no shared {status} response", op["operationId"]));
+    let name = reference.rsplit('/').next().unwrap();
+    let examples =
+        &spec["components"]["responses"][name]["content"]["application/problem+json"]["examples"];
+    examples.as_object().unwrap().keys().cloned().collect()
+}
+
+#[test]
+fn every_api_operation_documents_its_problems() {
+    let spec = checked_in();
+    for (path, op) in operations(&spec).filter(|(p, _)| p.starts_with("/v1/")) {
+        for (status, code) in [
+            ("401", "unauthorized"),
+            ("422", "validation_failed"),
+            ("500", "internal"),
+            ("503", "store_unavailable"),
+            ("503", "request_timeout"),
+            ("503", "overloaded"),
+        ] {
+            assert!(
+                codes(&spec, op, status).contains(&code.to_owned()),
+                "{path}: {status} lacks {code}"
+            );
+        }
+        assert_eq!(op["security"], serde_json::json!([{}, {"bearer": []}]));
+    }
+    let start = &spec["paths"]["/v1/turns"]["post"];
+    assert_eq!(codes(&spec, start, "429"), ["too_many_pending_turns"]);
+    assert_eq!(codes(&spec, start, "403"), ["session_owner_mismatch"]);
+    assert_eq!(
+        codes(&spec, start, "422"),
+        ["idempotency_key_reused", "validation_failed"]
+    );
+    let finalize = &spec["paths"]["/v1/sessions/{session_id}/turns/{turn_id}/finalize"]["post"];
+    assert_eq!(codes(&spec, finalize, "404"), ["turn_not_found"]);
+    assert_eq!(codes(&spec, finalize, "409"), ["turn_already_finalized"]);
+    let history = &spec["paths"]["/v1/sessions/{session_id}/history"]["get"];
+    assert_eq!(codes(&spec, history, "406"), ["not_acceptable"]);
+    assert!(history["responses"]["200"]["content"]["text/plain"].is_object());
+}
+
+/// Ids carry their pattern or format wherever they appear.
+#[test]
+fn ids_are_precise() {
+    let spec = checked_in();
+    let schemas = &spec["components"]["schemas"];
+    for id in ["SessionId", "UserId", "IdempotencyKey"] {
+        assert_eq!(
+            schemas[id]["pattern"], "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$",
+            "{id}"
+        );
+    }
+    assert_eq!(schemas["TurnId"]["format"], "uuid");
+    assert_eq!(
+        schemas["Turn"]["properties"]["turn_id"]["$ref"],
+        "#/components/schemas/TurnId"
+    );
+    assert_eq!(
+        schemas["Turn"]["properties"]["started_at"]["format"],
+        "date-time"
+    );
+    assert_eq!(
+        schemas["Role"]["enum"],
+        serde_json::json!(["user", "assistant"])
+    );
+    for (path, op) in operations(&spec) {
+        for p in op["parameters"].as_array().into_iter().flatten() {
+            if p["in"] == "path" {
+                assert!(p["schema"]["$ref"].is_string(), "{path}: {}", p["name"]);
+            }
+        }
+    }
+}
+
+/// The examples are what the server would answer: the history example's
+/// `token_count` is the exact count of its rendering.
+#[test]
+fn the_history_example_counts_exactly() {
+    let spec = checked_in();
+    let example = &spec["components"]["schemas"]["HistoryResponse"]["example"];
+    let rendered = example["rendered"].as_str().unwrap();
+    assert_eq!(
+        example["token_count"],
+        Encoding::O200kBase.count(rendered),
+        "{rendered}"
     );
 }

@@ -21,7 +21,15 @@ pub fn is_identifier(s: &str) -> bool {
     }
 }
 
-pub const IDENTIFIER_RULE: &str = "must match ^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$";
+macro_rules! identifier_pattern {
+    () => {
+        "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+    };
+}
+
+/// What `is_identifier` accepts, as a regular expression (for documents).
+pub const IDENTIFIER_PATTERN: &str = identifier_pattern!();
+pub const IDENTIFIER_RULE: &str = concat!("must match ", identifier_pattern!());
 
 macro_rules! identifier {
     ($(#[$doc:meta])* $name:ident) => {
@@ -122,6 +130,15 @@ mod tests {
             "", "-a", ".a", "a b", "a{b}", "{a}", "é", "a/b", "a\n", &too_long,
         ] {
             assert!(SessionId::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    proptest::proptest! {
+        /// The documented pattern accepts exactly what the server does.
+        #[test]
+        fn the_pattern_is_the_rule(s in "[A-Za-z0-9._:@{} /é-]{0,130}") {
+            let pattern = regex::Regex::new(IDENTIFIER_PATTERN).unwrap();
+            proptest::prop_assert_eq!(pattern.is_match(&s), is_identifier(&s));
         }
     }
 

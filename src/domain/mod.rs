@@ -3,5 +3,5 @@
 mod ids;
 mod text;
 
-pub use ids::{IdempotencyKey, SessionId, TurnId, UserId, is_identifier};
+pub use ids::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TurnId, UserId, is_identifier};
 pub use text::{FinalAnswer, TextError, UserQuery};

@@ -4,7 +4,7 @@
 mod render;
 mod select;
 
-pub use render::{Message, messages, render_text};
+pub use render::{Message, Role, messages, render_text};
 pub use select::{
     BudgetState, Candidate, Content, Cost, Format, MESSAGE_OVERHEAD, Options, SelectedTurn,
     Selection, Selector, StoppedBy, TRUNCATION_MARK, needed_bytes, select,

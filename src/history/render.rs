@@ -1,5 +1,8 @@
 //! The renderings of API.md, of a selection already budgeted.
 
+use serde::Serialize;
+use utoipa::ToSchema;
+
 use super::select::SelectedTurn;
 use crate::tokens::{HEADER, assistant_line, user_line};
 
@@ -22,10 +25,19 @@ pub fn render_text(turns: &[SelectedTurn]) -> String {
     out
 }
 
-/// One message of the `messages` rendering.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Who says a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// One message of the `messages` rendering, as chat APIs take it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(example = json!({"role": "user", "content": "What is a vector index?"}))]
 pub struct Message {
-    pub role: &'static str,
+    pub role: Role,
     pub content: String,
 }
 
@@ -36,11 +48,11 @@ pub fn messages(turns: Vec<SelectedTurn>) -> Vec<Message> {
         .flat_map(|t| {
             [
                 Message {
-                    role: "user",
+                    role: Role::User,
                     content: t.turn.user_query,
                 },
                 Message {
-                    role: "assistant",
+                    role: Role::Assistant,
                     content: t.turn.final_answer,
                 },
             ]
@@ -267,11 +279,11 @@ mod tests {
         assert_eq!(ms.len(), 4);
         assert_eq!(
             (ms[0].role, ms[0].content.as_str()),
-            ("user", "What is Rust?")
+            (Role::User, "What is Rust?")
         );
         assert_eq!(
             (ms[3].role, ms[3].content.as_str()),
-            ("assistant", "A store.")
+            (Role::Assistant, "A store.")
         );
         assert_eq!(
             s.token_count,

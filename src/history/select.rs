@@ -5,6 +5,9 @@
 //! the newest run with no gap. A store feeds candidates one at a time and
 //! stops at the first refusal: a read costs what it returns, plus one turn.
 
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
 use crate::domain::TurnId;
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 use crate::turn::{Millis, TurnView};
@@ -13,26 +16,22 @@ use crate::turn::{Millis, TurnView};
 pub const MESSAGE_OVERHEAD: u32 = 4;
 pub const TRUNCATION_MARK: &str = " [truncated]";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// How a history is returned: `text` (the rendering), `messages` (chat
+/// messages) or `turns` (Turn objects, budgeted as `text`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = HistoryFormat)]
 pub enum Format {
+    #[default]
     Text,
     Messages,
     Turns,
 }
 
-impl Format {
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Text => "text",
-            Format::Messages => "messages",
-            Format::Turns => "turns",
-        }
-    }
-}
-
 /// The bound that stopped a selection before every candidate was in it.
 /// When several stop it at the same turn, the first of these names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
 pub enum StoppedBy {
     Limit,
     MaxTokens,

@@ -16,46 +16,182 @@ use crate::store::StoreError;
 pub struct FieldError {
     /// Where: a body field (`history.limit`), a query parameter, a path
     /// segment, a header, or `body` for the document as a whole.
+    #[schema(example = "history.limit")]
     pub field: String,
+    #[schema(example = "must be at most 10000")]
     pub message: String,
 }
 
+/// Every problem's stable, machine-readable code, with its status and title
+/// (one place: the responses and the OpenAPI document both read them here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemCode {
+    ValidationFailed,
+    PayloadTooLarge,
+    Unauthorized,
+    SessionOwnerMismatch,
+    SessionNotFound,
+    TurnNotFound,
+    TurnAlreadyFinalized,
+    IdempotencyKeyReused,
+    TooManyPendingTurns,
+    StoreUnavailable,
+    Internal,
+    NotFound,
+    MethodNotAllowed,
+    NotAcceptable,
+    RequestTimeout,
+    Overloaded,
+}
+
+impl ProblemCode {
+    pub const ALL: [ProblemCode; 16] = [
+        ProblemCode::ValidationFailed,
+        ProblemCode::PayloadTooLarge,
+        ProblemCode::Unauthorized,
+        ProblemCode::SessionOwnerMismatch,
+        ProblemCode::SessionNotFound,
+        ProblemCode::TurnNotFound,
+        ProblemCode::TurnAlreadyFinalized,
+        ProblemCode::IdempotencyKeyReused,
+        ProblemCode::TooManyPendingTurns,
+        ProblemCode::StoreUnavailable,
+        ProblemCode::Internal,
+        ProblemCode::NotFound,
+        ProblemCode::MethodNotAllowed,
+        ProblemCode::NotAcceptable,
+        ProblemCode::RequestTimeout,
+        ProblemCode::Overloaded,
+    ];
+
+    pub fn name(self) -> &'static str {
+        use ProblemCode::*;
+        match self {
+            ValidationFailed => "validation_failed",
+            PayloadTooLarge => "payload_too_large",
+            Unauthorized => "unauthorized",
+            SessionOwnerMismatch => "session_owner_mismatch",
+            SessionNotFound => "session_not_found",
+            TurnNotFound => "turn_not_found",
+            TurnAlreadyFinalized => "turn_already_finalized",
+            IdempotencyKeyReused => "idempotency_key_reused",
+            TooManyPendingTurns => "too_many_pending_turns",
+            StoreUnavailable => "store_unavailable",
+            Internal => "internal",
+            NotFound => "not_found",
+            MethodNotAllowed => "method_not_allowed",
+            NotAcceptable => "not_acceptable",
+            RequestTimeout => "request_timeout",
+            Overloaded => "overloaded",
+        }
+    }
+
+    /// `(status, title, the detail every such problem carries unless it says more)`.
+    pub fn describe(self) -> (StatusCode, &'static str, &'static str) {
+        use ProblemCode::*;
+        match self {
+            ValidationFailed => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid request",
+                "a field is invalid; `errors` names each one",
+            ),
+            PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "Payload too large",
+                "the request body is larger than the configured maximum",
+            ),
+            Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "Unauthorized",
+                "send `Authorization: Bearer <key>` with a configured API key",
+            ),
+            SessionOwnerMismatch => (
+                StatusCode::FORBIDDEN,
+                "Session belongs to another user",
+                "the session was started by another user_id; nothing was written",
+            ),
+            SessionNotFound => (
+                StatusCode::NOT_FOUND,
+                "Session not found",
+                "no live session has this id (it may have expired or been cleared)",
+            ),
+            TurnNotFound => (
+                StatusCode::NOT_FOUND,
+                "Turn not found",
+                "no pending or finalized turn has this id in this session (a pending turn may have expired)",
+            ),
+            TurnAlreadyFinalized => (
+                StatusCode::CONFLICT,
+                "Turn already finalized",
+                "the turn was finalized with another answer",
+            ),
+            IdempotencyKeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Idempotency key reused",
+                "this Idempotency-Key was used with a different request body",
+            ),
+            TooManyPendingTurns => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many pending turns",
+                "the session holds as many started, unfinished turns as allowed; finalize or abort one, or retry after Retry-After seconds; nothing was written",
+            ),
+            StoreUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Store unavailable",
+                "the store did not answer in time; retry later",
+            ),
+            Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal error",
+                "an unexpected error occurred; it was logged",
+            ),
+            NotFound => (
+                StatusCode::NOT_FOUND,
+                "Not found",
+                "no such route; see /openapi.json",
+            ),
+            MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "this route does not take this method; see /openapi.json",
+            ),
+            NotAcceptable => (
+                StatusCode::NOT_ACCEPTABLE,
+                "Not acceptable",
+                "this route serves application/json or text/plain; Accept rules out both",
+            ),
+            RequestTimeout => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Request timed out",
+                "the request took longer than the configured timeout; retry later",
+            ),
+            Overloaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Overloaded",
+                "too many requests in flight; retry later",
+            ),
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        self.describe().0
+    }
+}
+
+/// What went wrong with a request; each variant's code names its status.
 #[derive(Debug)]
 pub enum ApiError {
-    /// 422 `validation_failed`
+    /// 422 `validation_failed`, naming every invalid field.
     Validation(Vec<FieldError>),
-    /// 413 `payload_too_large`
+    /// 413 `payload_too_large`, saying which text or body.
     PayloadTooLarge(String),
-    /// 401 `unauthorized`
-    Unauthorized,
-    /// 403 `session_owner_mismatch`
-    SessionOwnerMismatch,
-    /// 404 `session_not_found`
-    SessionNotFound,
-    /// 404 `turn_not_found`
-    TurnNotFound,
-    /// 409 `turn_already_finalized`
-    TurnAlreadyFinalized,
-    /// 422 `idempotency_key_reused`
-    IdempotencyKeyReused,
-    /// 429 `too_many_pending_turns`, with `Retry-After`.
-    TooManyPendingTurns { retry_after: std::time::Duration },
-    /// 503 `store_unavailable`
-    StoreUnavailable,
     /// 503 `store_unavailable` from `/readyz`, saying why (never a URL).
     StoreUnready(String),
-    /// 500 `internal`
-    Internal,
-    /// 404 `not_found`: no such route.
-    RouteNotFound,
-    /// 405 `method_not_allowed`
-    MethodNotAllowed,
-    /// 406 `not_acceptable`: `Accept` rules out every type the route serves.
-    NotAcceptable,
-    /// 503 `request_timeout`: the request took longer than `TURNSTORE_REQUEST_TIMEOUT`.
-    RequestTimeout,
-    /// 503 `overloaded`: `TURNSTORE_MAX_CONCURRENCY` requests are in flight.
-    Overloaded,
+    /// 429 `too_many_pending_turns`, with `Retry-After`.
+    TooManyPendingTurns { retry_after: std::time::Duration },
+    /// Any other problem, with its code's own detail.
+    Code(ProblemCode),
 }
 
 /// RFC 9457 problem document.
@@ -63,23 +199,28 @@ pub enum ApiError {
 pub struct Problem {
     /// `urn:turnstore:problem:<code>`
     #[serde(rename = "type")]
+    #[schema(format = "uri", example = "urn:turnstore:problem:turn_not_found")]
     pub kind: String,
+    /// Short and the same for every problem of a code.
+    #[schema(example = "Turn not found")]
     pub title: &'static str,
+    /// The HTTP status, repeated.
+    #[schema(minimum = 400, maximum = 599, example = 404)]
     pub status: u16,
+    /// What happened, for a human; never an internal error's text.
     pub detail: String,
-    /// Stable, machine-readable: `validation_failed`, `payload_too_large`,
-    /// `unauthorized`, `session_not_found`, `turn_not_found`,
-    /// `turn_already_finalized`, `session_owner_mismatch`,
-    /// `idempotency_key_reused`, `too_many_pending_turns`,
-    /// `store_unavailable`, `internal`,
-    /// `not_found`, `method_not_allowed`, `not_acceptable`,
-    /// `request_timeout`, `overloaded`.
-    pub code: &'static str,
+    /// Stable and machine-readable: branch on this.
+    pub code: ProblemCode,
+    /// With `validation_failed`: every invalid field.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub errors: Option<Vec<FieldError>>,
 }
 
 impl ApiError {
+    pub const UNAUTHORIZED: ApiError = ApiError::Code(ProblemCode::Unauthorized);
+    pub const INTERNAL: ApiError = ApiError::Code(ProblemCode::Internal);
+
     pub fn field(field: impl Into<String>, message: impl Display) -> Self {
         ApiError::Validation(vec![FieldError {
             field: field.into(),
@@ -87,138 +228,59 @@ impl ApiError {
         }])
     }
 
-    fn parts(&self) -> (StatusCode, &'static str, &'static str, String) {
-        use ApiError::*;
+    pub fn code(&self) -> ProblemCode {
         match self {
-            Validation(errors) => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "validation_failed",
-                "Invalid request",
+            ApiError::Validation(_) => ProblemCode::ValidationFailed,
+            ApiError::PayloadTooLarge(_) => ProblemCode::PayloadTooLarge,
+            ApiError::StoreUnready(_) => ProblemCode::StoreUnavailable,
+            ApiError::TooManyPendingTurns { .. } => ProblemCode::TooManyPendingTurns,
+            ApiError::Code(code) => *code,
+        }
+    }
+
+    /// The problem document this error answers with.
+    pub fn problem(self) -> Problem {
+        let code = self.code();
+        let (status, title, detail) = code.describe();
+        let (detail, errors) = match self {
+            ApiError::Validation(errors) => (
                 match errors.as_slice() {
                     [one] => format!("{}: {}", one.field, one.message),
                     many => format!("{} fields are invalid", many.len()),
                 },
+                Some(errors),
             ),
-            PayloadTooLarge(detail) => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "Payload too large",
-                detail.clone(),
-            ),
-            Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Unauthorized",
-                "send `Authorization: Bearer <key>` with a configured API key".into(),
-            ),
-            SessionOwnerMismatch => (
-                StatusCode::FORBIDDEN,
-                "session_owner_mismatch",
-                "Session belongs to another user",
-                "the session was started by another user_id; nothing was written".into(),
-            ),
-            SessionNotFound => (
-                StatusCode::NOT_FOUND,
-                "session_not_found",
-                "Session not found",
-                "no live session has this id (it may have expired or been cleared)".into(),
-            ),
-            TurnNotFound => (
-                StatusCode::NOT_FOUND,
-                "turn_not_found",
-                "Turn not found",
-                "no pending or finalized turn has this id in this session (a pending turn may have expired)".into(),
-            ),
-            TurnAlreadyFinalized => (
-                StatusCode::CONFLICT,
-                "turn_already_finalized",
-                "Turn already finalized",
-                "the turn was finalized with another answer".into(),
-            ),
-            IdempotencyKeyReused => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-                "Idempotency key reused",
-                "this Idempotency-Key was used with a different request body".into(),
-            ),
-            TooManyPendingTurns { .. } => (
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_pending_turns",
-                "Too many pending turns",
-                "the session holds as many started, unfinished turns as allowed; finalize or abort one, or retry after Retry-After seconds; nothing was written".into(),
-            ),
-            StoreUnavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                "Store unavailable",
-                "the store did not answer in time; retry later".into(),
-            ),
-            StoreUnready(cause) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store_unavailable",
-                "Store unavailable",
-                cause.clone(),
-            ),
-            Internal => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Internal error",
-                "an unexpected error occurred; it was logged".into(),
-            ),
-            RouteNotFound => (
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "Not found",
-                "no such route; see /openapi.json".into(),
-            ),
-            RequestTimeout => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "request_timeout",
-                "Request timed out",
-                "the request took longer than the configured timeout; retry later".into(),
-            ),
-            Overloaded => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "Overloaded",
-                "too many requests in flight; retry later".into(),
-            ),
-            MethodNotAllowed => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "Method not allowed",
-                "this route does not take this method; see /openapi.json".into(),
-            ),
-            NotAcceptable => (
-                StatusCode::NOT_ACCEPTABLE,
-                "not_acceptable",
-                "Not acceptable",
-                "this route serves application/json or text/plain; Accept rules out both".into(),
-            ),
+            ApiError::PayloadTooLarge(detail) | ApiError::StoreUnready(detail) => (detail, None),
+            ApiError::TooManyPendingTurns { .. } | ApiError::Code(_) => (detail.to_owned(), None),
+        };
+        Problem {
+            kind: format!("urn:turnstore:problem:{}", code.name()),
+            title,
+            status: status.as_u16(),
+            detail,
+            code,
+            errors,
         }
+    }
+}
+
+impl From<ProblemCode> for ApiError {
+    fn from(code: ProblemCode) -> Self {
+        ApiError::Code(code)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code, title, detail) = self.parts();
         let retry_after = match &self {
             ApiError::TooManyPendingTurns { retry_after } => {
                 Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
             }
             _ => None,
         };
-        let problem = Problem {
-            kind: format!("urn:turnstore:problem:{code}"),
-            title,
-            status: status.as_u16(),
-            detail,
-            code,
-            errors: match self {
-                ApiError::Validation(errors) => Some(errors),
-                _ => None,
-            },
-        };
+        let problem = self.problem();
+        let status =
+            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&problem).unwrap_or_default();
         let mut res = (status, body).into_response();
         res.headers_mut().insert(
@@ -236,19 +298,19 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::OwnerMismatch => ApiError::SessionOwnerMismatch,
-            StoreError::IdempotencyKeyReused => ApiError::IdempotencyKeyReused,
-            StoreError::TurnNotFound => ApiError::TurnNotFound,
+            StoreError::OwnerMismatch => ProblemCode::SessionOwnerMismatch.into(),
+            StoreError::IdempotencyKeyReused => ProblemCode::IdempotencyKeyReused.into(),
+            StoreError::TurnNotFound => ProblemCode::TurnNotFound.into(),
             StoreError::TooManyPendingTurns { retry_after } => {
                 ApiError::TooManyPendingTurns { retry_after }
             }
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "store unavailable");
-                ApiError::StoreUnavailable
+                ProblemCode::StoreUnavailable.into()
             }
             StoreError::Corrupt(cause) => {
                 tracing::error!(%cause, "unreadable store data");
-                ApiError::Internal
+                ApiError::INTERNAL
             }
         }
     }
@@ -257,9 +319,7 @@ impl From<StoreError> for ApiError {
 impl From<BytesRejection> for ApiError {
     fn from(rej: BytesRejection) -> Self {
         if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge(
-                "the request body is larger than the configured maximum".into(),
-            )
+            ProblemCode::PayloadTooLarge.into()
         } else {
             ApiError::field("body", rej.body_text())
         }

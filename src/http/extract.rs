@@ -52,37 +52,6 @@ fn invalid(path: String, err: &impl std::fmt::Display) -> ApiError {
     }])
 }
 
-/// Collects every invalid field of a request before answering.
-#[derive(Default)]
-pub struct Check(Vec<FieldError>);
-
-impl Check {
-    pub fn take<T, E: std::fmt::Display>(&mut self, field: &str, r: Result<T, E>) -> Option<T> {
-        r.map_err(|e| {
-            self.0.push(FieldError {
-                field: field.to_owned(),
-                message: e.to_string(),
-            })
-        })
-        .ok()
-    }
-
-    pub fn fail(&mut self, field: &str, message: impl std::fmt::Display) {
-        self.0.push(FieldError {
-            field: field.to_owned(),
-            message: message.to_string(),
-        });
-    }
-
-    pub fn finish(self) -> Result<(), ApiError> {
-        if self.0.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::Validation(self.0))
-        }
-    }
-}
-
 /// Path parameters of a route, rejected as problem+json.
 macro_rules! path_extractor {
     ($name:ident) => {

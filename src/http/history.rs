@@ -1,98 +1,64 @@
-//! History options (query string of get_history, or `history` in a start)
-//! and the response both return.
+//! get_history, and the history options and response a start shares.
 
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::extract::Check;
+use super::AppState;
+use super::accept::Body;
+use super::error::ApiError;
+use super::extract::QueryParams;
+use super::sessions::SessionPath;
+use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
-use crate::history::{self, Format, Options, SelectedTurn, StoppedBy};
+use crate::domain::{SessionId, TurnId, UserId};
+use crate::history::{self, Format, Message, Options, SelectedTurn, StoppedBy};
 use crate::store::StoredHistory;
 use crate::tokens::Encoding;
-use crate::turn::{TurnView, rfc3339};
+use crate::turn::{TurnView, now_millis, rfc3339};
 
 pub const MAX_LIMIT: u32 = 10_000;
 pub const MAX_TOKENS: u32 = 10_000_000;
+/// Model names are short; a longer one is refused rather than looked up.
+pub const MAX_MODEL_CHARS: usize = 128;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum HistoryFormat {
-    Text,
-    Messages,
-    Turns,
-}
-
-impl From<HistoryFormat> for Format {
-    fn from(f: HistoryFormat) -> Self {
-        match f {
-            HistoryFormat::Text => Format::Text,
-            HistoryFormat::Messages => Format::Messages,
-            HistoryFormat::Turns => Format::Turns,
-        }
-    }
-}
-
-impl From<Format> for HistoryFormat {
-    fn from(f: Format) -> Self {
-        match f {
-            Format::Text => HistoryFormat::Text,
-            Format::Messages => HistoryFormat::Messages,
-            Format::Turns => HistoryFormat::Turns,
-        }
-    }
-}
-
-/// Why the history holds fewer turns than the candidates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum StopReason {
-    Limit,
-    MaxTokens,
-    MaxBytes,
-}
-
-impl From<StoppedBy> for StopReason {
-    fn from(s: StoppedBy) -> Self {
-        match s {
-            StoppedBy::Limit => StopReason::Limit,
-            StoppedBy::MaxTokens => StopReason::MaxTokens,
-            StoppedBy::MaxBytes => StopReason::MaxBytes,
-        }
-    }
-}
-
-/// How to select and render the history. Every field has a server default.
+/// How to select and render the history. Every field has a server default
+/// (the `default` of each, as this server is configured).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
+#[schema(example = json!({"limit": 20, "max_tokens": 2000, "format": "text", "model": "gpt-4o"}))]
 pub struct HistoryParams {
-    /// At most this many most recent finalized turns (0..=10000; default `TURNSTORE_HISTORY_LIMIT`).
-    #[param(minimum = 0, maximum = 10000)]
-    #[schema(minimum = 0, maximum = 10000)]
+    /// At most this many most recent finalized turns.
     pub limit: Option<u32>,
-    /// The result fits in this many tokens (0..=10000000; default `TURNSTORE_HISTORY_MAX_TOKENS`).
-    #[param(minimum = 0, maximum = 10000000)]
-    #[schema(minimum = 0, maximum = 10000000)]
+    /// The result fits in this many tokens (exact count, in the encoding
+    /// reported).
     pub max_tokens: Option<u32>,
-    /// `text` (default), `messages` or `turns`.
-    pub format: Option<HistoryFormat>,
+    /// One representation per response: `text` (`rendered`), `messages`
+    /// (chat messages) or `turns` (Turn objects, budgeted as `text`).
+    pub format: Option<Format>,
     /// A model name (`gpt-4o`): counts with its encoding; an unknown model
-    /// falls back to the default encoding. `encoding` wins when both are given.
+    /// falls back to the default encoding (reported in `encoding`).
+    /// `encoding` wins when both are given.
+    #[schema(max_length = 128, example = "gpt-4o")]
+    #[param(max_length = 128, example = "gpt-4o")]
     pub model: Option<String>,
     /// The tokenizer to count with.
-    #[param(value_type = Option<String>, example = "o200k_base")]
-    #[schema(value_type = Option<String>, example = "o200k_base")]
     pub encoding: Option<Encoding>,
-    /// Truncate each question to this many characters (Unicode scalar values), before budgeting.
-    #[param(minimum = 1)]
+    /// Truncate each question to this many characters (Unicode scalar
+    /// values) before budgeting; a cut content ends with ` [truncated]`.
     #[schema(minimum = 1)]
+    #[param(minimum = 1)]
     pub max_query_chars: Option<u32>,
-    /// Truncate each answer to this many characters, before budgeting.
-    #[param(minimum = 1)]
+    /// Truncate each answer to this many characters before budgeting.
     #[schema(minimum = 1)]
+    #[param(minimum = 1)]
     pub max_answer_chars: Option<u32>,
     /// Always keep the first candidate turn (the session's first, unless
-    /// `after_seq` excludes it) when anything is kept.
+    /// `after_seq` excludes it) when anything is kept: the original goal.
     pub keep_first: Option<bool>,
     /// Only turns with `seq` above this are candidates (range reads).
     pub after_seq: Option<u64>,
@@ -101,74 +67,91 @@ pub struct HistoryParams {
 }
 
 impl HistoryParams {
-    /// Validates against the contract and fills in the server defaults.
-    pub fn resolve(&self, settings: &Settings, check: &mut Check, at: &str) -> Options {
+    /// Validates against the contract and fills in the server defaults;
+    /// invalid fields are named with the prefix `at` (`history.` in a start).
+    pub fn resolve(&self, settings: &Settings, at: &str) -> Valid<Options> {
         let field = |name: &str| format!("{at}{name}");
         let limit = self.limit.unwrap_or(settings.history_limit);
-        if limit > MAX_LIMIT {
-            check.fail(&field("limit"), format!("must be at most {MAX_LIMIT}"));
-        }
         let max_tokens = self.max_tokens.unwrap_or(settings.history_max_tokens);
-        if max_tokens > MAX_TOKENS {
-            check.fail(
+        let model = self.model.as_deref().unwrap_or_default();
+        (
+            rule(
+                &field("limit"),
+                limit <= MAX_LIMIT,
+                format!("must be at most {MAX_LIMIT}"),
+            ),
+            rule(
                 &field("max_tokens"),
+                max_tokens <= MAX_TOKENS,
                 format!("must be at most {MAX_TOKENS}"),
-            );
-        }
-        for (name, v) in [
-            ("max_query_chars", self.max_query_chars),
-            ("max_answer_chars", self.max_answer_chars),
-        ] {
-            if v == Some(0) {
-                check.fail(&field(name), "must be at least 1");
-            }
-        }
+            ),
+            rule(
+                &field("model"),
+                model.chars().count() <= MAX_MODEL_CHARS,
+                format!("must be at most {MAX_MODEL_CHARS} characters"),
+            ),
+            rule(
+                &field("max_query_chars"),
+                self.max_query_chars != Some(0),
+                "must be at least 1",
+            ),
+            rule(
+                &field("max_answer_chars"),
+                self.max_answer_chars != Some(0),
+                "must be at least 1",
+            ),
+        )
+            .collect()?;
         let encoding = self
             .encoding
             .or_else(|| self.model.as_deref().and_then(Encoding::for_model))
             .unwrap_or(settings.encoding);
-        Options {
-            limit: limit.min(MAX_LIMIT) as usize,
+        Ok(Options {
+            limit: limit as usize,
             max_tokens,
             max_bytes: settings.max_history_bytes,
-            format: self.format.unwrap_or(HistoryFormat::Text).into(),
+            format: self.format.unwrap_or_default(),
             encoding,
             max_query_chars: self.max_query_chars.map(|n| n as usize),
             max_answer_chars: self.max_answer_chars.map(|n| n as usize),
             keep_first: self.keep_first.unwrap_or(false),
             after_seq: self.after_seq.unwrap_or(0),
             through_seq: self.through_seq.unwrap_or(u64::MAX),
-        }
+        })
     }
 }
 
-/// One message of the `messages` format.
+/// A finalized turn.
 #[derive(Debug, Serialize, ToSchema)]
-pub struct MessageOut {
-    /// `user` or `assistant`.
-    pub role: &'static str,
-    pub content: String,
-}
-
-/// A turn.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct TurnOut {
-    #[schema(format = Uuid)]
+#[schema(example = json!({
+    "turn_id": "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a",
+    "seq": 1,
+    "user_query": "What is a vector index?",
+    "final_answer": "An index that finds the stored vectors nearest to a query vector.",
+    "started_at": "2026-11-25T10:15:30.123Z",
+    "finalized_at": "2026-11-25T10:15:32.456Z",
+    "truncated": false
+}))]
+pub struct Turn {
+    #[schema(value_type = TurnId)]
     pub turn_id: String,
+    /// 1, 2, 3 … per session, in start order.
+    #[schema(minimum = 1)]
     pub seq: u64,
     pub user_query: String,
     pub final_answer: String,
-    /// RFC 3339 UTC.
+    #[schema(format = DateTime)]
     pub started_at: String,
-    /// RFC 3339 UTC.
+    #[schema(format = DateTime)]
     pub finalized_at: String,
-    /// A content was cut by `max_query_chars`/`max_answer_chars` (the stored turn is whole).
+    /// A content was cut by `max_query_chars`/`max_answer_chars` (the
+    /// stored turn is whole).
     pub truncated: bool,
 }
 
-impl From<TurnView> for TurnOut {
+impl From<TurnView> for Turn {
     fn from(t: TurnView) -> Self {
-        TurnOut {
+        Turn {
             turn_id: t.turn_id.to_string(),
             seq: t.seq,
             user_query: t.user_query,
@@ -180,45 +163,65 @@ impl From<TurnView> for TurnOut {
     }
 }
 
-impl From<SelectedTurn> for TurnOut {
+impl From<SelectedTurn> for Turn {
     fn from(t: SelectedTurn) -> Self {
-        TurnOut {
+        Turn {
             truncated: t.truncated,
-            ..TurnOut::from(t.turn)
+            ..Turn::from(t.turn)
         }
     }
 }
 
 /// The history, budgeted and rendered in one format.
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "session_id": "chat-42",
+    "user_id": "alice",
+    "format": "text",
+    "encoding": "o200k_base",
+    "token_count": 27,
+    "total_turns": 1,
+    "included_turns": 1,
+    "omitted_turns": 0,
+    "pending_turns": 0,
+    "stopped_by": null,
+    "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector."
+}))]
 pub struct HistoryResponse {
+    #[schema(value_type = SessionId)]
     pub session_id: String,
+    /// The session's owner; `null` when it has none.
+    #[schema(value_type = Option<UserId>)]
     pub user_id: Option<String>,
-    pub format: HistoryFormat,
+    pub format: Format,
     /// The encoding `token_count` is counted in.
-    #[schema(value_type = String, example = "o200k_base")]
     pub encoding: Encoding,
     /// Exact count of what is returned; never more than `max_tokens`.
     pub token_count: u32,
-    /// Finalized turns the session holds.
+    /// Finalized turns the session holds (in the `after_seq`/`through_seq`
+    /// range, when given).
     pub total_turns: u64,
     pub included_turns: u64,
     pub omitted_turns: u64,
     /// Started turns not finalized yet (not in the history).
     pub pending_turns: u64,
-    /// The bound that left turns out (`limit`, `max_tokens` or `max_bytes`,
-    /// the first of them when several stop at the same turn), or `null`
-    /// when every candidate turn is included.
-    pub stopped_by: Option<StopReason>,
-    /// `format=text`: the rendering ("" for an empty history).
+    /// The bound that left turns out (the first of `limit`, `max_tokens`,
+    /// `max_bytes` when several stop at the same turn), or `null` when
+    /// every candidate turn is included.
+    pub stopped_by: Option<StoppedBy>,
+    /// `format=text`: the rendering (`""` for an empty history).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub rendered: Option<String>,
-    /// `format=messages`: user and assistant messages, oldest first.
+    /// `format=messages`: a user and an assistant message per turn, oldest
+    /// first.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub messages: Option<Vec<MessageOut>>,
+    #[schema(nullable = false)]
+    pub messages: Option<Vec<Message>>,
     /// `format=turns`: the included turns, oldest first.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub turns: Option<Vec<TurnOut>>,
+    #[schema(nullable = false)]
+    pub turns: Option<Vec<Turn>>,
 }
 
 impl HistoryResponse {
@@ -228,35 +231,106 @@ impl HistoryResponse {
         let mut out = HistoryResponse {
             session_id: session_id.to_owned(),
             user_id: stored.user_id,
-            format: opts.format.into(),
+            format: opts.format,
             encoding: opts.encoding,
             token_count: selection.token_count,
             total_turns: stored.total_turns,
             included_turns,
             omitted_turns: stored.total_turns.saturating_sub(included_turns),
             pending_turns: stored.pending_turns,
-            stopped_by: selection.stopped_by.map(StopReason::from),
+            stopped_by: selection.stopped_by,
             rendered: None,
             messages: None,
             turns: None,
         };
         match opts.format {
             Format::Text => out.rendered = Some(history::render_text(&selection.turns)),
-            Format::Messages => {
-                out.messages = Some(
-                    history::messages(selection.turns)
-                        .into_iter()
-                        .map(|m| MessageOut {
-                            role: m.role,
-                            content: m.content,
-                        })
-                        .collect(),
-                )
-            }
+            Format::Messages => out.messages = Some(history::messages(selection.turns)),
             Format::Turns => {
-                out.turns = Some(selection.turns.into_iter().map(TurnOut::from).collect())
+                out.turns = Some(selection.turns.into_iter().map(Turn::from).collect())
             }
         }
         out
     }
+
+    /// The `text` rendering alone, its count and encoding in headers.
+    fn into_plain_text(self) -> Response {
+        let mut res = self.rendered.unwrap_or_default().into_response();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        h.insert("x-token-count", HeaderValue::from(self.token_count));
+        h.insert("x-encoding", HeaderValue::from_static(self.encoding.name()));
+        res
+    }
+}
+
+/// A get_history request, validated.
+struct HistoryRead {
+    session: SessionId,
+    options: Options,
+}
+
+impl HistoryRead {
+    fn parse(
+        path: &SessionPath,
+        params: &HistoryParams,
+        body: Body,
+        settings: &Settings,
+    ) -> Result<Self, ApiError> {
+        let (session, options, ()) = (
+            path.session_id(),
+            params.resolve(settings, ""),
+            rule(
+                "format",
+                body == Body::Json || params.format.is_none_or(|f| f == Format::Text),
+                "must be text with Accept: text/plain",
+            ),
+        )
+            .all()?;
+        Ok(HistoryRead { session, options })
+    }
+}
+
+/// Get the history
+///
+/// The most recent finalized turns, budgeted to `max_tokens` (exact tiktoken
+/// counts) and rendered in one format. With `Accept: text/plain`, the body is
+/// the `text` rendering alone. An unknown session has an empty history.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{session_id}/history",
+    tag = "sessions",
+    params(SessionPath, HistoryParams),
+    responses(
+        (status = 200, description = "The history (JSON), or with `Accept: text/plain` its `text` rendering alone",
+         content(
+             (HistoryResponse = "application/json"),
+             (String = "text/plain", example = json!("### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.")),
+         ),
+         headers(
+             ("x-token-count" = u32, description = "With text/plain: the exact token count"),
+             ("x-encoding" = Encoding, description = "With text/plain: the encoding counted in"),
+         )),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn get_history(
+    State(app): State<AppState>,
+    path: SessionPath,
+    QueryParams(params): QueryParams<HistoryParams>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let read = HistoryRead::parse(&path, &params, body, &app.settings)?;
+    let stored = app
+        .store
+        .history(&read.session, &read.options, now_millis())
+        .await?;
+    let out = HistoryResponse::build(read.session.as_str(), stored, &read.options);
+    Ok(match body {
+        Body::Json => Json(out).into_response(),
+        Body::PlainText => out.into_plain_text(),
+    })
 }

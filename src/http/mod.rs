@@ -1,36 +1,39 @@
 //! The HTTP API: each resource module declares its handlers; `router` merges
 //! them, adds auth, request ids, tracing, metrics and panic safety.
 
+mod accept;
 pub mod error;
 mod extract;
 mod history;
 mod ops;
 mod sessions;
+mod spec;
 mod turns;
 mod users;
+mod valid;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{HeaderValue, Method, header};
+use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Semaphore;
+use tower::util::option_layer;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::{Modify, OpenApi};
+use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
-use self::error::ApiError;
+use self::error::{ApiError, ProblemCode};
 use crate::config::Settings;
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::Store;
@@ -69,53 +72,41 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
 }
 
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "turnstore",
-        description = "Conversation history for LLM and RAG backends: start a turn with the user's question (and get the history for the prompt), finalize it with the answer. Errors are RFC 9457 problem documents with a stable `code`."
-    ),
-    modifiers(&BearerAuth),
-    tags(
-        (name = "turns", description = "Start, finalize and abort turns"),
-        (name = "sessions", description = "Histories and sessions"),
-        (name = "users", description = "A user's sessions and their erasure"),
-    )
-)]
-struct ApiDoc;
-
-struct BearerAuth;
-
-impl Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
-        );
-    }
-}
-
-fn api() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// The API routes (behind auth and load shedding), the operations routes
+/// (open), and the document utoipa derives from both.
+fn routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
+    let (v1, mut doc) = OpenApiRouter::with_openapi(spec::ApiDoc::openapi())
         .routes(routes!(turns::start_turn))
         .routes(routes!(turns::finalize_turn))
         .routes(routes!(turns::abort_turn))
-        .routes(routes!(sessions::get_history))
+        .routes(routes!(history::get_history))
         .routes(routes!(sessions::get_session, sessions::clear_session))
         .routes(routes!(users::list_user_sessions))
         .routes(routes!(users::erase_user))
-        .split_for_parts()
+        .split_for_parts();
+    let (ops, ops_doc) = OpenApiRouter::new()
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .split_for_parts();
+    doc.merge(ops_doc);
+    (v1, ops, doc)
 }
 
-/// The OpenAPI 3.1 document, as served at `/openapi.json`.
-pub fn openapi() -> utoipa::openapi::OpenApi {
-    api().1
+/// The OpenAPI 3.1 document for these settings, as served at `/openapi.json`.
+pub fn openapi(settings: &Settings) -> serde_json::Value {
+    let (doc, missed) = spec::document(routes().2, settings);
+    if !missed.is_empty() {
+        tracing::error!(
+            ?missed,
+            "the OpenAPI document lacks places the settings describe"
+        );
+    }
+    doc
 }
 
 /// The whole application; tests drive it without a socket.
 pub fn router(state: AppState) -> Router {
-    let (v1, spec) = api();
+    let (v1, ops, _) = routes();
     let v1 = v1
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
@@ -125,18 +116,22 @@ pub fn router(state: AppState) -> Router {
     let body_limit = state.settings.max_body_bytes;
     Router::new()
         .merge(v1)
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
-        .merge(SwaggerUi::new("/docs").url("/openapi.json", spec))
-        .fallback(|| async { ApiError::RouteNotFound })
-        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .merge(ops)
+        // Prometheus' text, for scrapers: not in the OpenAPI document.
+        .route("/metrics", axum::routing::get(ops::metrics))
+        .merge(
+            SwaggerUi::new("/docs")
+                .external_url_unchecked("/openapi.json", openapi(&state.settings)),
+        )
+        .fallback(|| async { ApiError::from(ProblemCode::NotFound) })
+        .method_not_allowed_fallback(|| async { ApiError::from(ProblemCode::MethodNotAllowed) })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(state.clone(), time_limit))
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("a request handler panicked");
-            ApiError::Internal.into_response()
+            ApiError::INTERNAL.into_response()
         }))
+        .layer(option_layer(cors(&state.settings.cors_origins)))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(
             TraceLayer::new_for_http()
@@ -166,6 +161,36 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// CORS for exactly these origins (`TURNSTORE_CORS_ORIGINS`); none: no CORS
+/// headers at all, and an `OPTIONS` is a 405 like any other unknown method.
+/// A preflight needs no API key (browsers never send one with it).
+fn cors(origins: &[HeaderValue]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let header = HeaderName::from_static;
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins.iter().cloned()))
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::ACCEPT,
+                header(turns::IDEMPOTENCY_KEY),
+                header("x-request-id"),
+            ])
+            .expose_headers([
+                header("x-request-id"),
+                header(turns::IDEMPOTENT_REPLAYED),
+                header::RETRY_AFTER,
+                header("x-token-count"),
+                header("x-encoding"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
+
 async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) -> Response {
     if app.api_key_digests.is_empty() {
         return next.run(req).await;
@@ -177,7 +202,7 @@ async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) 
         .and_then(bearer_token)
         .map(|k| digest(k.as_bytes()));
     let Some(presented) = presented else {
-        return ApiError::Unauthorized.into_response();
+        return ApiError::UNAUTHORIZED.into_response();
     };
     // Compare with every key, without stopping early.
     let ok = app
@@ -187,7 +212,7 @@ async fn require_api_key(State(app): State<AppState>, req: Request, next: Next) 
     if bool::from(ok) {
         next.run(req).await
     } else {
-        ApiError::Unauthorized.into_response()
+        ApiError::UNAUTHORIZED.into_response()
     }
 }
 
@@ -245,7 +270,7 @@ async fn shed_load(State(app): State<AppState>, req: Request, next: Next) -> Res
         Ok(_permit) => next.run(req).await,
         Err(_) => {
             app.metrics.request_shed();
-            ApiError::Overloaded.into_response()
+            ApiError::from(ProblemCode::Overloaded).into_response()
         }
     }
 }
@@ -256,7 +281,7 @@ async fn time_limit(State(app): State<AppState>, req: Request, next: Next) -> Re
         Ok(res) => res,
         Err(_) => {
             app.metrics.request_timed_out();
-            ApiError::RequestTimeout.into_response()
+            ApiError::from(ProblemCode::RequestTimeout).into_response()
         }
     }
 }

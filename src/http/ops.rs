@@ -4,21 +4,70 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::ApiError;
 use crate::store::StoreError;
 
-/// The process is alive.
-pub async fn healthz() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeStatus {
+    Ok,
+    Ready,
 }
 
-/// The store answers; 503 `store_unavailable` while it does not.
-pub async fn readyz(State(app): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+/// A probe's answer.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"status": "ready"}))]
+pub struct Probe {
+    /// `ok` from `/healthz`, `ready` from `/readyz`.
+    pub status: ProbeStatus,
+}
+
+/// Liveness
+///
+/// The process is alive (for a liveness probe); never touches the store.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "Alive", body = Probe,
+        example = json!({"status": "ok"}))),
+)]
+pub async fn healthz() -> Json<Probe> {
+    Json(Probe {
+        status: ProbeStatus::Ok,
+    })
+}
+
+/// Readiness
+///
+/// The store answers (for a readiness probe): 503 `store_unavailable` while
+/// it does not, its `detail` naming the cause (never a URL or password).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "Ready", body = Probe),
+        (status = 503, description = "`store_unavailable`: the store cannot be used; `detail` says why",
+         body = super::error::Problem, content_type = "application/problem+json",
+         example = json!({
+             "type": "urn:turnstore:problem:store_unavailable",
+             "title": "Store unavailable",
+             "status": 503,
+             "detail": "Redis refused the connection (is it running, on this host and port?)",
+             "code": "store_unavailable"
+         })),
+    ),
+)]
+pub async fn readyz(State(app): State<AppState>) -> Result<Json<Probe>, ApiError> {
     match app.store.ping().await {
-        Ok(()) => Ok(Json(json!({"status": "ready"}))),
+        Ok(()) => Ok(Json(Probe {
+            status: ProbeStatus::Ready,
+        })),
         Err(StoreError::Unavailable(cause)) => {
             tracing::warn!(%cause, "not ready");
             Err(ApiError::StoreUnready(cause))
@@ -27,6 +76,7 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Json<serde_json::Valu
     }
 }
 
+/// Prometheus metrics, in the OpenMetrics text format.
 pub async fn metrics(State(app): State<AppState>) -> Response {
     if let Some(pool) = app.store.pool_status() {
         app.metrics.set_pool(pool);

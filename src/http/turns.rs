@@ -9,11 +9,14 @@ use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::error::{ApiError, Problem};
-use super::extract::{Check, JsonBody};
-use super::history::{HistoryParams, HistoryResponse, TurnOut};
+use super::error::{ApiError, ProblemCode};
+use super::extract::JsonBody;
+use super::history::{HistoryParams, HistoryResponse, Turn};
 use super::sessions::SessionTurnPath;
+use super::valid::{AllValid, Valid, field, optional, rule};
+use crate::config::Settings;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
+use crate::history::Options;
 use crate::store::{Finalized, StartTurn};
 use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::{Finalization, NewPendingTurn, now_millis, rfc3339};
@@ -24,89 +27,188 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// Starts a turn with the user's question.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "session_id": "chat-42",
+    "user_id": "alice",
+    "user_query": "What is a vector index?",
+    "history": {"limit": 20, "max_tokens": 2000, "format": "text", "model": "gpt-4o"}
+}))]
 pub struct StartTurnRequest {
-    /// Omit to create a session (its id is returned). Needed with `Idempotency-Key`.
+    /// Omit to create a session (its id, a UUID v4, is returned). Needed
+    /// with `Idempotency-Key`: a client that wants retry-safe first
+    /// requests makes its own session id.
+    #[schema(value_type = Option<SessionId>)]
     pub session_id: Option<String>,
-    /// The session's owner; `""` counts as absent.
+    /// The session's owner: the first start with a `user_id` claims the
+    /// session; another one later is a 403. `""` counts as absent.
     pub user_id: Option<String>,
-    /// The user's question (not empty; at most `TURNSTORE_MAX_QUERY_BYTES`).
+    /// The user's question: not empty or only whitespace (422), at most
+    /// `TURNSTORE_MAX_QUERY_BYTES` bytes of UTF-8 (413).
+    #[schema(min_length = 1)]
     pub user_query: String,
     /// Also return the history as it stood before this turn.
+    #[schema(nullable = false)]
     pub history: Option<HistoryParams>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "session_id": "chat-42",
+    "user_id": "alice",
+    "turn_id": "0193a6f4-7d10-7c3e-8b5a-1e2f3a4b5c6d",
+    "seq": 2,
+    "started_at": "2026-11-25T10:17:01.002Z",
+    "history": {
+        "session_id": "chat-42",
+        "user_id": "alice",
+        "format": "text",
+        "encoding": "o200k_base",
+        "token_count": 27,
+        "total_turns": 1,
+        "included_turns": 1,
+        "omitted_turns": 0,
+        "pending_turns": 0,
+        "stopped_by": null,
+        "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector."
+    }
+}))]
 pub struct StartTurnResponse {
+    #[schema(value_type = SessionId)]
     pub session_id: String,
-    /// The session's owner, if it has one.
+    /// The session's owner; `null` when it has none.
+    #[schema(value_type = Option<UserId>)]
     pub user_id: Option<String>,
-    #[schema(format = Uuid)]
+    #[schema(value_type = TurnId)]
     pub turn_id: String,
-    /// 1, 2, 3 … per session, in start order.
+    /// 1, 2, 3 … per session, in start order, without gaps.
+    #[schema(minimum = 1)]
     pub seq: u64,
-    /// RFC 3339 UTC.
+    #[schema(format = DateTime)]
     pub started_at: String,
+    /// When the request asked for it: the history before this turn.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub history: Option<HistoryResponse>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"final_answer": "An index that finds the stored vectors nearest to a query vector."}))]
 pub struct FinalizeTurnRequest {
-    /// The final answer (not empty; at most `TURNSTORE_MAX_ANSWER_BYTES`).
+    /// The final answer: not empty or only whitespace (422; abort the turn
+    /// instead), at most `TURNSTORE_MAX_ANSWER_BYTES` bytes of UTF-8 (413).
+    #[schema(min_length = 1)]
     pub final_answer: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "session_id": "chat-42",
+    "turn": {
+        "turn_id": "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a",
+        "seq": 1,
+        "user_query": "What is a vector index?",
+        "final_answer": "An index that finds the stored vectors nearest to a query vector.",
+        "started_at": "2026-11-25T10:15:30.123Z",
+        "finalized_at": "2026-11-25T10:15:32.456Z",
+        "truncated": false
+    }
+}))]
 pub struct FinalizeTurnResponse {
+    #[schema(value_type = SessionId)]
     pub session_id: String,
-    pub turn: TurnOut,
+    pub turn: Turn,
 }
 
-fn text_error(field: &str, e: TextError) -> ApiError {
-    match e {
-        TextError::Empty => ApiError::field(field, e),
-        TextError::TooLarge { .. } => ApiError::PayloadTooLarge(format!("{field} {e}")),
+/// A text too large answers 413 at once, before any other check: the
+/// caller must shorten it whatever else is wrong.
+fn text<T>(name: &str, r: Result<T, TextError>) -> Result<Valid<T>, ApiError> {
+    match r {
+        Err(e @ TextError::TooLarge { .. }) => {
+            Err(ApiError::PayloadTooLarge(format!("{name} {e}")))
+        }
+        other => Ok(field(name, other)),
     }
 }
 
-/// A text too large answers 413 at once; other problems are collected.
-fn parse_text<T>(
-    check: &mut Check,
-    field: &str,
-    r: Result<T, TextError>,
-) -> Result<Option<T>, ApiError> {
-    match r {
-        Err(e @ TextError::TooLarge { .. }) => Err(text_error(field, e)),
-        other => Ok(check.take(field, other)),
+/// A start_turn request, validated.
+struct Start {
+    session_id: SessionId,
+    /// No `session_id` was given: the session is new.
+    new_session: bool,
+    user_id: Option<UserId>,
+    query: UserQuery,
+    /// The key and the hash of the request it stands for.
+    idempotency: Option<(IdempotencyKey, String)>,
+    history: Option<Options>,
+}
+
+impl Start {
+    fn parse(
+        body: StartTurnRequest,
+        headers: &HeaderMap,
+        settings: &Settings,
+    ) -> Result<Self, ApiError> {
+        let query = text(
+            "user_query",
+            UserQuery::parse(body.user_query.clone(), settings.max_query_bytes),
+        )?;
+        let key = headers.get(IDEMPOTENCY_KEY).map(|v| {
+            v.to_str()
+                .map_err(|_| "must be visible ASCII")
+                .and_then(IdempotencyKey::parse)
+        });
+        let (query, session_id, user_id, key, (), history) = (
+            query,
+            optional("session_id", body.session_id.as_deref().map(SessionId::parse)),
+            optional(
+                "user_id",
+                body.user_id
+                    .as_deref()
+                    .filter(|u| !u.is_empty())
+                    .map(UserId::parse),
+            ),
+            optional("Idempotency-Key", key),
+            rule(
+                "session_id",
+                body.session_id.is_some() || headers.get(IDEMPOTENCY_KEY).is_none(),
+                "is required with Idempotency-Key (make your own session id for retry-safe first requests)",
+            ),
+            body.history
+                .as_ref()
+                .map(|h| h.resolve(settings, "history."))
+                .transpose(),
+        )
+            .all()?;
+        Ok(Start {
+            new_session: session_id.is_none(),
+            session_id: session_id.unwrap_or_else(SessionId::generate),
+            user_id,
+            idempotency: key.map(|k| (k, request_hash(&body))),
+            query,
+            history,
+        })
     }
 }
 
 /// Start a turn
 ///
 /// Allocates the turn's `seq`, writes it as pending and, when `history` is
-/// given, returns the history as it stood before it: one call to begin a request.
+/// given, returns the history as it stood before it: one call to begin a
+/// request. The turn enters the history when finalized.
 #[utoipa::path(
     post,
     path = "/v1/turns",
     tag = "turns",
     request_body = StartTurnRequest,
     params(
-        ("Idempotency-Key" = Option<String>, Header,
-         description = "Makes a retried start return the same turn (200, `Idempotent-Replayed: true`). Needs `session_id` in the body."),
+        ("Idempotency-Key" = Option<IdempotencyKey>, Header, nullable = false,
+         description = "Makes a retried start return the same turn (200, `Idempotent-Replayed: true`); the same key with another body is a 422 `idempotency_key_reused`. Needs `session_id` in the body."),
     ),
     responses(
         (status = 201, description = "Turn started", body = StartTurnResponse),
-        (status = 200, description = "Replay of an earlier start with the same Idempotency-Key and body", body = StartTurnResponse,
+        (status = 200, description = "Replay of an earlier start with the same Idempotency-Key and body: the same turn", body = StartTurnResponse,
          headers(("Idempotent-Replayed" = String, description = "`true`"))),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`session_owner_mismatch`", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`, `idempotency_key_reused`", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`too_many_pending_turns`: the session holds `TURNSTORE_MAX_PENDING_TURNS` turns started and not finalized; nothing was written",
-         body = Problem, content_type = "application/problem+json",
-         headers(("Retry-After" = u64, description = "Seconds until the oldest pending turn expires (a finalize or abort frees one sooner)"))),
-        (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -115,78 +217,41 @@ pub async fn start_turn(
     headers: HeaderMap,
     JsonBody(body): JsonBody<StartTurnRequest>,
 ) -> Result<Response, ApiError> {
-    let mut check = Check::default();
-    let query = parse_text(
-        &mut check,
-        "user_query",
-        UserQuery::parse(body.user_query.clone(), app.settings.max_query_bytes),
-    )?;
-    let session_id = body
-        .session_id
-        .as_deref()
-        .and_then(|s| check.take("session_id", SessionId::parse(s)));
-    let user_id = body
-        .user_id
-        .as_deref()
-        .filter(|u| !u.is_empty())
-        .and_then(|u| check.take("user_id", UserId::parse(u)));
-    let key = match headers.get(IDEMPOTENCY_KEY) {
-        None => None,
-        Some(v) => check.take(
-            "Idempotency-Key",
-            v.to_str()
-                .map_err(|_| "must be visible ASCII")
-                .and_then(IdempotencyKey::parse),
-        ),
-    };
-    if key.is_some() && body.session_id.is_none() {
-        check.fail(
-            "session_id",
-            "is required with Idempotency-Key (make your own session id for retry-safe first requests)",
-        );
-    }
-    let options = body
-        .history
-        .as_ref()
-        .map(|h| h.resolve(&app.settings, &mut check, "history."));
-    check.finish()?;
-    let query = query.ok_or(ApiError::Internal)?;
-    let session_id = session_id.unwrap_or_else(SessionId::generate);
-
-    let hash = key.as_ref().map(|_| request_hash(&body));
+    let start = Start::parse(body, &headers, &app.settings)?;
     let turn_id = TurnId::generate();
-    let long = query.as_str().len() > COUNT_INLINE_BYTES;
+    let long = start.query.as_str().len() > COUNT_INLINE_BYTES;
     let encoding = app.settings.encoding;
-    let (query, tokens) = counted(query, long, move |q: &UserQuery| {
+    let (query, tokens) = counted(start.query, long, move |q: &UserQuery| {
         QueryTokens::count(encoding, q.as_str())
     })
     .await;
+    let key = start.idempotency.as_ref();
     let started = app
         .store
         .start_turn(StartTurn {
-            session_id: &session_id,
-            user_id: user_id.as_ref(),
+            session_id: &start.session_id,
+            user_id: start.user_id.as_ref(),
             turn: NewPendingTurn {
                 turn_id: &turn_id,
                 user_query: query.as_str(),
                 started_at: now_millis(),
-                idempotency_key: key.as_ref().map(IdempotencyKey::as_str),
+                idempotency_key: key.map(|(k, _)| k.as_str()),
                 tokens: &tokens,
             },
-            idempotency: key.as_ref().zip(hash.as_deref()),
-            history: options.as_ref(),
-            new_session: body.session_id.is_none(),
+            idempotency: key.map(|(k, hash)| (k, hash.as_str())),
+            history: start.history.as_ref(),
+            new_session: start.new_session,
             now: now_millis(),
         })
         .await?;
     app.metrics.turn_started(started.replayed);
 
-    let history = match (started.history, &options) {
-        (Some(h), Some(opts)) => Some(HistoryResponse::build(session_id.as_str(), h, opts)),
+    let history = match (started.history, &start.history) {
+        (Some(h), Some(opts)) => Some(HistoryResponse::build(start.session_id.as_str(), h, opts)),
         _ => None,
     };
     let body = StartTurnResponse {
-        session_id: session_id.into_string(),
+        session_id: start.session_id.into_string(),
         user_id: started.user_id,
         turn_id: started.turn_id.to_string(),
         seq: started.seq,
@@ -213,10 +278,38 @@ fn request_hash(body: &StartTurnRequest) -> String {
         .collect()
 }
 
+/// A finalize_turn request, validated.
+struct Finalize {
+    session: SessionId,
+    turn: TurnId,
+    answer: FinalAnswer,
+}
+
+impl Finalize {
+    fn parse(
+        path: &SessionTurnPath,
+        body: FinalizeTurnRequest,
+        settings: &Settings,
+    ) -> Result<Self, ApiError> {
+        let answer = text(
+            "final_answer",
+            FinalAnswer::parse(body.final_answer, settings.max_answer_bytes),
+        )?;
+        let (session, turn) = path.ids();
+        let (answer, session, turn) = (answer, session, turn).all()?;
+        Ok(Finalize {
+            session,
+            turn,
+            answer,
+        })
+    }
+}
+
 /// Finalize a turn
 ///
-/// The turn enters the history at its `seq` position. Retrying with the same
-/// answer returns the same turn.
+/// The turn enters the history at its `seq` position (not in finalize
+/// order). Retrying with the same answer returns the same turn (200);
+/// another answer is a 409.
 #[utoipa::path(
     post,
     path = "/v1/sessions/{session_id}/turns/{turn_id}/finalize",
@@ -225,12 +318,6 @@ fn request_hash(body: &StartTurnRequest) -> String {
     request_body = FinalizeTurnRequest,
     responses(
         (status = 200, description = "Turn finalized (or already finalized with this answer)", body = FinalizeTurnResponse),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`turn_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`turn_already_finalized` with another answer", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "`payload_too_large`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -239,17 +326,11 @@ pub async fn finalize_turn(
     path: SessionTurnPath,
     JsonBody(body): JsonBody<FinalizeTurnRequest>,
 ) -> Result<Json<FinalizeTurnResponse>, ApiError> {
-    let mut check = Check::default();
-    let answer = parse_text(
-        &mut check,
-        "final_answer",
-        FinalAnswer::parse(body.final_answer, app.settings.max_answer_bytes),
-    )?;
-    let (session, turn) = path.parse(&mut check);
-    check.finish()?;
-    let (Some(answer), Some(session), Some(turn)) = (answer, session, turn) else {
-        return Err(ApiError::Internal);
-    };
+    let Finalize {
+        session,
+        turn,
+        answer,
+    } = Finalize::parse(&path, body, &app.settings)?;
     let long = answer.as_str().len() > COUNT_INLINE_BYTES;
     let encoding = app.settings.encoding;
     let (answer, tokens) = counted(answer, long, move |a: &FinalAnswer| {
@@ -267,41 +348,31 @@ pub async fn finalize_turn(
             t
         }
         Finalized::Already(t) if t.final_answer == end.final_answer => t,
-        Finalized::Already(_) => return Err(ApiError::TurnAlreadyFinalized),
+        Finalized::Already(_) => return Err(ProblemCode::TurnAlreadyFinalized.into()),
     };
     Ok(Json(FinalizeTurnResponse {
         session_id: session.into_string(),
-        turn: TurnOut::from(done),
+        turn: Turn::from(done),
     }))
 }
 
 /// Abort or delete a turn
 ///
-/// Removes a pending turn (the pipeline failed) or a finalized one (the user deleted it).
+/// Removes a pending turn (the pipeline failed) or a finalized one (the
+/// user deleted it).
 #[utoipa::path(
     delete,
     path = "/v1/sessions/{session_id}/turns/{turn_id}",
     tag = "turns",
     params(SessionTurnPath),
-    responses(
-        (status = 204, description = "Removed"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "`turn_not_found`", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
-    ),
+    responses((status = 204, description = "Removed")),
     security((), ("bearer" = []))
 )]
 pub async fn abort_turn(
     State(app): State<AppState>,
     path: SessionTurnPath,
 ) -> Result<StatusCode, ApiError> {
-    let mut check = Check::default();
-    let (session, turn) = path.parse(&mut check);
-    check.finish()?;
-    let (Some(session), Some(turn)) = (session, turn) else {
-        return Err(ApiError::Internal);
-    };
+    let (session, turn) = path.ids().all()?;
     app.store.delete_turn(&session, turn).await?;
     app.metrics.turn_aborted();
     Ok(StatusCode::NO_CONTENT)

@@ -8,9 +8,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
-use super::error::{ApiError, Problem};
-use super::extract::{Check, QueryParams, path_extractor};
-use crate::domain::UserId;
+use super::error::ApiError;
+use super::extract::{QueryParams, path_extractor};
+use super::valid::{AllValid, Valid, field, optional, rule};
+use crate::domain::{SessionId, UserId};
 use crate::turn::{Millis, now_millis, rfc3339};
 
 pub const DEFAULT_PAGE: u32 = 100;
@@ -19,15 +20,15 @@ pub const MAX_PAGE: u32 = 1000;
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct UserPath {
-    /// `^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$`
+    #[param(value_type = UserId)]
     user_id: String,
 }
 
 path_extractor!(UserPath);
 
 impl UserPath {
-    fn parse(&self) -> Result<UserId, ApiError> {
-        UserId::parse(self.user_id.as_str()).map_err(|e| ApiError::field("user_id", e))
+    fn user_id(&self) -> Valid<UserId> {
+        field("user_id", UserId::parse(self.user_id.as_str()))
     }
 }
 
@@ -36,54 +37,76 @@ impl UserPath {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct PageParams {
-    /// Sessions per page (1..=1000, default 100). A page may hold fewer,
-    /// even none, and still have a `next_cursor`: follow it until `null`.
-    #[param(minimum = 1, maximum = 1000)]
+    /// Sessions per page. A page may hold fewer, even none, and still have
+    /// a `next_cursor`: follow it until `null`.
+    #[param(minimum = 1)]
     limit: Option<u32>,
     /// The `next_cursor` of the previous page (opaque); omit for the first.
+    /// A malformed cursor is a 422.
+    #[param(pattern = "^[0-9]{1,19}$")]
     cursor: Option<String>,
 }
 
 impl PageParams {
-    fn parse(&self, check: &mut Check) -> (usize, Option<Millis>) {
+    fn limit(&self) -> Valid<usize> {
         let limit = self.limit.unwrap_or(DEFAULT_PAGE);
-        if !(1..=MAX_PAGE).contains(&limit) {
-            check.fail("limit", format!("must be between 1 and {MAX_PAGE}"));
-        }
-        let cursor = self.cursor.as_deref().and_then(|c| {
-            check.take(
-                "cursor",
+        rule(
+            "limit",
+            (1..=MAX_PAGE).contains(&limit),
+            format!("must be between 1 and {MAX_PAGE}"),
+        )
+        .map(|()| limit as usize)
+    }
+
+    fn cursor(&self) -> Valid<Option<Millis>> {
+        optional(
+            "cursor",
+            self.cursor.as_deref().map(|c| {
                 c.parse::<Millis>()
                     .ok()
                     .filter(|t| *t > 0 && c.bytes().all(|b| b.is_ascii_digit()))
-                    .ok_or("must be the next_cursor of a previous page"),
-            )
-        });
-        (limit as usize, cursor)
+                    .ok_or("must be the next_cursor of a previous page")
+            }),
+        )
     }
 }
 
+/// One of a user's sessions.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct UserSession {
+    #[schema(value_type = SessionId)]
     pub session_id: String,
-    /// RFC 3339 UTC.
+    #[schema(format = DateTime)]
     pub last_active_at: String,
+    /// Finalized turns.
     pub turn_count: u64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "user_id": "alice",
+    "sessions": [
+        {"session_id": "chat-42", "last_active_at": "2026-11-25T10:17:02.481Z", "turn_count": 2},
+        {"session_id": "chat-41", "last_active_at": "2026-11-24T16:03:11.907Z", "turn_count": 7}
+    ],
+    "next_cursor": null
+}))]
 pub struct UserSessionsResponse {
+    #[schema(value_type = UserId)]
     pub user_id: String,
     /// Live sessions, most recently active first (by their last index
     /// refresh: a start refreshes it at least every `TURNSTORE_SESSION_TTL / 4`,
     /// at most a day).
     pub sessions: Vec<UserSession>,
     /// Pass as `cursor` for the next page; `null` on the last page.
+    #[schema(pattern = "^[0-9]{1,19}$")]
     pub next_cursor: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"user_id": "alice", "deleted_sessions": 2, "complete": true}))]
 pub struct EraseUserResponse {
+    #[schema(value_type = UserId)]
     pub user_id: String,
     /// Sessions this call deleted.
     pub deleted_sessions: u64,
@@ -94,6 +117,9 @@ pub struct EraseUserResponse {
 }
 
 /// List a user's sessions
+///
+/// A page of the user's live sessions, most recently active first; an
+/// unknown user has none.
 #[utoipa::path(
     get,
     path = "/v1/users/{user_id}/sessions",
@@ -101,9 +127,6 @@ pub struct EraseUserResponse {
     params(UserPath, PageParams),
     responses(
         (status = 200, description = "A page of the user's live sessions (empty for an unknown user)", body = UserSessionsResponse),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -112,11 +135,7 @@ pub async fn list_user_sessions(
     path: UserPath,
     QueryParams(page): QueryParams<PageParams>,
 ) -> Result<Json<UserSessionsResponse>, ApiError> {
-    let mut check = Check::default();
-    let user = check.take("user_id", UserId::parse(path.user_id.as_str()));
-    let (limit, cursor) = page.parse(&mut check);
-    check.finish()?;
-    let user = user.ok_or(ApiError::Internal)?;
+    let (user, limit, cursor) = (path.user_id(), page.limit(), page.cursor()).all()?;
     let page = app
         .store
         .user_sessions(&user, limit, cursor, now_millis())
@@ -148,9 +167,6 @@ pub async fn list_user_sessions(
     params(UserPath),
     responses(
         (status = 200, description = "Erased (`complete: true`), or as far as the request timeout allowed (`complete: false`)", body = EraseUserResponse),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "`validation_failed`", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "`store_unavailable`", body = Problem, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -158,7 +174,7 @@ pub async fn erase_user(
     State(app): State<AppState>,
     path: UserPath,
 ) -> Result<Json<EraseUserResponse>, ApiError> {
-    let user = path.parse()?;
+    let (user,) = (path.user_id(),).all()?;
     // Answer within the request timeout: rounds go on while another fits.
     let timeout = app.settings.request_timeout;
     let budget = timeout

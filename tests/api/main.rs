@@ -44,6 +44,7 @@ macro_rules! conformance {
     };
 }
 
+mod cors;
 mod edge;
 mod model;
 mod pending;

@@ -1,0 +1,347 @@
+//! The OpenAPI 3.1 document. utoipa derives it from the handlers; this
+//! module adds what is declared once elsewhere: each problem code's status,
+//! title and example (`ProblemCode`), the problems each operation answers
+//! with, the identifier schemas, and the bounds and defaults the settings
+//! and constants hold, so the document describes this server as configured.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{KnownFormat, RefOr};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
+
+use super::error::{ApiError, ProblemCode};
+use super::history::{MAX_LIMIT, MAX_MODEL_CHARS, MAX_TOKENS};
+use super::users::{DEFAULT_PAGE, MAX_PAGE};
+use crate::config::Settings;
+use crate::domain::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TextError, TurnId, UserId};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "turnstore",
+        description = "Conversation history for LLM and RAG backends. Start a turn with the user's question (the reply carries the history for the prompt), then finalize it with the final answer; only those question/answer pairs are kept. Histories are bounded by turns and by exact tiktoken counts, rendered as text, chat messages or turns.\n\nErrors are RFC 9457 problem documents (`application/problem+json`) with a stable `code`. When API keys are configured, every `/v1` route needs `Authorization: Bearer <key>`. Every response carries `x-request-id`."
+    ),
+    servers(
+        (url = "/", description = "The server this document is served from"),
+        (url = "http://127.0.0.1:8080", description = "A local turnstore (`cargo run --release`)"),
+    ),
+    components(schemas(IdempotencyKey)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "turns", description = "A RAG request's two calls: start a turn with the user's question (getting the history for the prompt), then finalize it with the answer, or abort it when the pipeline fails."),
+        (name = "sessions", description = "A session's history, rendered and budgeted for a prompt; its details; clearing it."),
+        (name = "users", description = "A user's sessions, listed page by page, and their erasure (right to erasure)."),
+        (name = "operations", description = "Liveness, readiness and metrics, for probes and scrapers; never behind authentication."),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// A client-given identifier's schema.
+fn identifier(description: &str, example: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some(description))
+        .pattern(Some(IDENTIFIER_PATTERN))
+        .min_length(Some(1))
+        .max_length(Some(128))
+        .examples([example])
+        .into()
+}
+
+macro_rules! identifier_schema {
+    ($ty:ty, $description:expr, $example:expr) => {
+        impl PartialSchema for $ty {
+            fn schema() -> RefOr<Schema> {
+                identifier($description, $example)
+            }
+        }
+
+        impl ToSchema for $ty {
+            fn name() -> Cow<'static, str> {
+                Cow::Borrowed(stringify!($ty))
+            }
+        }
+    };
+}
+
+identifier_schema!(
+    SessionId,
+    "A conversation: client-chosen, or a UUID v4 the server made.",
+    "chat-42"
+);
+identifier_schema!(UserId, "The owner of sessions.", "alice");
+identifier_schema!(
+    IdempotencyKey,
+    "Makes a retried start return the turn the first try made.",
+    "start-7f3e9c1a"
+);
+
+impl PartialSchema for TurnId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+            .description(Some(
+                "A turn: a UUID v7 the server made (ids sort by start time).",
+            ))
+            .examples(["0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a"])
+            .into()
+    }
+}
+
+impl ToSchema for TurnId {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("TurnId")
+    }
+}
+
+/// The problems every API operation may answer with.
+const EVERY_OPERATION: &[ProblemCode] = &[
+    ProblemCode::Unauthorized,
+    ProblemCode::ValidationFailed,
+    ProblemCode::Internal,
+    ProblemCode::StoreUnavailable,
+    ProblemCode::RequestTimeout,
+    ProblemCode::Overloaded,
+];
+
+/// The problems of each API operation besides those of every one.
+const OPERATIONS: &[(&str, &[ProblemCode])] = &[
+    (
+        "start_turn",
+        &[
+            ProblemCode::SessionOwnerMismatch,
+            ProblemCode::PayloadTooLarge,
+            ProblemCode::IdempotencyKeyReused,
+            ProblemCode::TooManyPendingTurns,
+        ],
+    ),
+    (
+        "finalize_turn",
+        &[
+            ProblemCode::TurnNotFound,
+            ProblemCode::TurnAlreadyFinalized,
+            ProblemCode::PayloadTooLarge,
+        ],
+    ),
+    ("abort_turn", &[ProblemCode::TurnNotFound]),
+    ("get_history", &[ProblemCode::NotAcceptable]),
+    ("get_session", &[ProblemCode::SessionNotFound]),
+    ("clear_session", &[]),
+    ("list_user_sessions", &[]),
+    ("erase_user", &[]),
+];
+
+/// The document as this server serves it, for `settings`. The second value
+/// lists the places a bound was meant for and not found (empty unless the
+/// derived document changed shape; a test keeps it empty).
+pub fn document(derived: utoipa::openapi::OpenApi, settings: &Settings) -> (Value, Vec<String>) {
+    let mut doc = serde_json::to_value(derived).unwrap_or_else(|_| json!({}));
+    let mut missed = Vec::new();
+    problem_responses(&mut doc, &mut missed);
+    bounds(&mut doc, settings, &mut missed);
+    (doc, missed)
+}
+
+/// Each operation's error responses, grouped by status, as references to
+/// shared responses under `components/responses`, with an example of each
+/// code. `/v1` operations also take the bearer key (optional: required
+/// only when keys are configured).
+fn problem_responses(doc: &mut Value, missed: &mut Vec<String>) {
+    let mut shared = BTreeMap::new();
+    for (id, own) in OPERATIONS {
+        let Some(op) = operation(doc, id) else {
+            missed.push(format!("operation {id}"));
+            continue;
+        };
+        let mut by_status: BTreeMap<u16, Vec<ProblemCode>> = BTreeMap::new();
+        for code in EVERY_OPERATION.iter().chain(own.iter()) {
+            by_status
+                .entry(code.status().as_u16())
+                .or_default()
+                .push(*code);
+        }
+        for (status, mut codes) in by_status {
+            codes.sort();
+            let name = codes
+                .iter()
+                .map(|c| pascal_case(c.name()))
+                .collect::<Vec<_>>()
+                .join("Or");
+            op["responses"][status.to_string()] =
+                json!({"$ref": format!("#/components/responses/{name}")});
+            shared
+                .entry(name)
+                .or_insert_with(|| shared_response(&codes));
+        }
+        op["security"] = json!([{}, {"bearer": []}]);
+    }
+    doc["components"]["responses"] = json!(shared);
+}
+
+fn shared_response(codes: &[ProblemCode]) -> Value {
+    let description = codes
+        .iter()
+        .map(|c| format!("`{}`: {}.", c.name(), c.describe().2))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let examples: BTreeMap<&str, Value> = codes
+        .iter()
+        .map(|c| (c.name(), json!({"value": example_problem(*c)})))
+        .collect();
+    let mut response = json!({
+        "description": description,
+        "content": {
+            "application/problem+json": {
+                "schema": {"$ref": "#/components/schemas/Problem"},
+                "examples": examples,
+            }
+        }
+    });
+    if codes.contains(&ProblemCode::TooManyPendingTurns) {
+        response["headers"] = json!({
+            "Retry-After": {
+                "description": "Seconds until the oldest pending turn expires (a finalize or abort frees a place sooner)",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        });
+    }
+    response
+}
+
+/// A problem of `code` as the server sends it.
+fn example_problem(code: ProblemCode) -> Value {
+    let error = match code {
+        ProblemCode::ValidationFailed => ApiError::field("user_query", TextError::Empty),
+        ProblemCode::PayloadTooLarge => ApiError::PayloadTooLarge(format!(
+            "user_query {}",
+            TextError::TooLarge { max_bytes: 32768 }
+        )),
+        code => ApiError::from(code),
+    };
+    serde_json::to_value(error.problem()).unwrap_or_default()
+}
+
+fn pascal_case(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|w| {
+            let mut cs = w.chars();
+            cs.next()
+                .map(|c| c.to_ascii_uppercase().to_string() + cs.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// The operation with this `operationId`.
+fn operation<'a>(doc: &'a mut Value, id: &str) -> Option<&'a mut Value> {
+    doc["paths"]
+        .as_object_mut()?
+        .values_mut()
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .find(|op| op["operationId"] == id)
+}
+
+/// The schema of a query parameter of an operation.
+fn parameter<'a>(doc: &'a mut Value, id: &str, name: &str) -> Option<&'a mut Value> {
+    operation(doc, id)?["parameters"]
+        .as_array_mut()?
+        .iter_mut()
+        .find(|p| p["name"] == name)
+        .map(|p| &mut p["schema"])
+}
+
+/// A property of a component schema.
+fn property<'a>(doc: &'a mut Value, schema: &str, name: &str) -> Option<&'a mut Value> {
+    doc.pointer_mut(&format!("/components/schemas/{schema}/properties/{name}"))
+}
+
+/// Bounds and defaults from the settings and the constants that enforce them.
+fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
+    let user_id = IDENTIFIER_PATTERN
+        .trim_start_matches('^')
+        .trim_end_matches('$');
+    let history = [
+        (
+            "limit",
+            json!({"maximum": MAX_LIMIT, "default": settings.history_limit}),
+        ),
+        (
+            "max_tokens",
+            json!({"maximum": MAX_TOKENS, "default": settings.history_max_tokens}),
+        ),
+        ("format", json!({"default": "text"})),
+        ("encoding", json!({"default": settings.encoding.name()})),
+        ("model", json!({"maxLength": MAX_MODEL_CHARS})),
+        ("keep_first", json!({"default": false})),
+        ("after_seq", json!({"default": 0})),
+    ];
+    let mut apply = |place: String, target: Option<&mut Value>, values: Value| match target {
+        Some(t) => {
+            if let (Some(t), Some(values)) = (t.as_object_mut(), values.as_object()) {
+                t.extend(values.clone());
+            }
+        }
+        None => missed.push(place),
+    };
+    apply(
+        "StartTurnRequest.user_query".into(),
+        property(doc, "StartTurnRequest", "user_query"),
+        json!({"maxLength": settings.max_query_bytes}),
+    );
+    apply(
+        "StartTurnRequest.user_id".into(),
+        property(doc, "StartTurnRequest", "user_id"),
+        json!({"pattern": format!("^({user_id})?$"), "maxLength": 128}),
+    );
+    apply(
+        "FinalizeTurnRequest.final_answer".into(),
+        property(doc, "FinalizeTurnRequest", "final_answer"),
+        json!({"maxLength": settings.max_answer_bytes}),
+    );
+    for (name, values) in history {
+        apply(
+            format!("HistoryParams.{name}"),
+            property(doc, "HistoryParams", name),
+            values.clone(),
+        );
+        apply(
+            format!("get_history?{name}"),
+            parameter(doc, "get_history", name),
+            values,
+        );
+    }
+    apply(
+        "list_user_sessions?limit".into(),
+        parameter(doc, "list_user_sessions", "limit"),
+        json!({"maximum": MAX_PAGE, "default": DEFAULT_PAGE}),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_join_codes() {
+        assert_eq!(pascal_case("store_unavailable"), "StoreUnavailable");
+    }
+}
