@@ -52,15 +52,23 @@ async fn served_spec_states_this_servers_bounds_and_defaults() {
         schemas["FinalizeTurnRequest"]["properties"]["final_answer"]["maxLength"],
         5000
     );
+    // Configurable defaults are stated in words: a `default` would be sent
+    // by generated clients, overriding the setting of another server.
     let history = &schemas["HistoryParams"]["properties"];
-    assert_eq!(history["limit"]["default"], 7);
-    assert_eq!(history["max_tokens"]["default"], 999);
-    assert_eq!(history["encoding"]["default"], "cl100k_base");
+    let described = |v: &Value| v["description"].as_str().unwrap().to_owned();
+    assert!(
+        described(&history["limit"])
+            .ends_with("Default on this server: 7 (`TURNSTORE_HISTORY_LIMIT`).")
+    );
+    assert!(described(&history["max_tokens"]).contains(": 999 ("));
+    assert!(described(&history["encoding"]).contains("`cl100k_base`"));
     let params = spec["paths"]["/v1/sessions/{session_id}/history"]["get"]["parameters"]
         .as_array()
         .unwrap();
     let limit = params.iter().find(|p| p["name"] == "limit").unwrap();
-    assert_eq!(limit["schema"]["default"], 7);
+    assert!(described(limit).contains(": 7 ("));
+    assert_eq!(limit["schema"]["maximum"], 10_000);
+    assert!(limit["schema"].get("default").is_none());
 }
 
 #[test]

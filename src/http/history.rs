@@ -24,6 +24,11 @@ pub const MAX_LIMIT: u32 = 10_000;
 pub const MAX_TOKENS: u32 = 10_000_000;
 /// Model names are short; a longer one is refused rather than looked up.
 pub const MAX_MODEL_CHARS: usize = 128;
+/// Truncation lengths are signed 32-bit integers in the document (`int32`).
+pub const MAX_CHARS: u32 = i32::MAX as u32;
+/// Range bounds are signed 64-bit integers in the document (`int64`), as
+/// most clients hold them.
+pub const MAX_SEQ: u64 = i64::MAX as u64;
 
 /// How to select and render the history. Every field has a server default
 /// (the `default` of each, as this server is configured).
@@ -90,15 +95,17 @@ impl HistoryParams {
                 model.chars().count() <= MAX_MODEL_CHARS,
                 format!("must be at most {MAX_MODEL_CHARS} characters"),
             ),
+            chars(&field("max_query_chars"), self.max_query_chars),
+            chars(&field("max_answer_chars"), self.max_answer_chars),
             rule(
-                &field("max_query_chars"),
-                self.max_query_chars != Some(0),
-                "must be at least 1",
+                &field("after_seq"),
+                self.after_seq.unwrap_or(0) <= MAX_SEQ,
+                format!("must be at most {MAX_SEQ}"),
             ),
             rule(
-                &field("max_answer_chars"),
-                self.max_answer_chars != Some(0),
-                "must be at least 1",
+                &field("through_seq"),
+                self.through_seq.unwrap_or(0) <= MAX_SEQ,
+                format!("must be at most {MAX_SEQ}"),
             ),
         )
             .collect()?;
@@ -119,6 +126,15 @@ impl HistoryParams {
             through_seq: self.through_seq.unwrap_or(u64::MAX),
         })
     }
+}
+
+/// A truncation length: 1 to `MAX_CHARS`, when given.
+fn chars(name: &str, value: Option<u32>) -> Valid<()> {
+    rule(
+        name,
+        value.is_none_or(|n| (1..=MAX_CHARS).contains(&n)),
+        format!("must be between 1 and {MAX_CHARS}"),
+    )
 }
 
 /// A finalized turn.
@@ -191,7 +207,7 @@ pub struct HistoryResponse {
     #[schema(value_type = SessionId)]
     pub session_id: String,
     /// The session's owner; `null` when it has none.
-    #[schema(value_type = Option<UserId>)]
+    #[schema(value_type = Option<UserId>, required = true)]
     pub user_id: Option<String>,
     pub format: Format,
     /// The encoding `token_count` is counted in.
@@ -208,6 +224,7 @@ pub struct HistoryResponse {
     /// The bound that left turns out (the first of `limit`, `max_tokens`,
     /// `max_bytes` when several stop at the same turn), or `null` when
     /// every candidate turn is included.
+    #[schema(required = true)]
     pub stopped_by: Option<StoppedBy>,
     /// `format=text`: the rendering (`""` for an empty history).
     #[serde(skip_serializing_if = "Option::is_none")]

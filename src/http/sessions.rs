@@ -62,7 +62,7 @@ pub struct Session {
     #[schema(value_type = SessionId)]
     pub session_id: String,
     /// The session's owner; `null` when it has none.
-    #[schema(value_type = Option<UserId>)]
+    #[schema(value_type = Option<UserId>, required = true)]
     pub user_id: Option<String>,
     #[schema(format = DateTime)]
     pub created_at: String,

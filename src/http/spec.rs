@@ -14,7 +14,7 @@ use utoipa::openapi::{KnownFormat, RefOr};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 use super::error::{ApiError, ProblemCode};
-use super::history::{MAX_LIMIT, MAX_MODEL_CHARS, MAX_TOKENS};
+use super::history::{MAX_CHARS, MAX_LIMIT, MAX_MODEL_CHARS, MAX_SEQ, MAX_TOKENS};
 use super::users::{DEFAULT_PAGE, MAX_PAGE};
 use crate::config::Settings;
 use crate::domain::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TextError, TurnId, UserId};
@@ -155,6 +155,7 @@ pub fn document(derived: utoipa::openapi::OpenApi, settings: &Settings) -> (Valu
     let mut doc = serde_json::to_value(derived).unwrap_or_else(|_| json!({}));
     let mut missed = Vec::new();
     problem_responses(&mut doc, &mut missed);
+    links(&mut doc, &mut missed);
     bounds(&mut doc, settings, &mut missed);
     (doc, missed)
 }
@@ -193,6 +194,45 @@ fn problem_responses(doc: &mut Value, missed: &mut Vec<String>) {
         op["security"] = json!([{}, {"bearer": []}]);
     }
     doc["components"]["responses"] = json!(shared);
+}
+
+/// What a started turn leads to: its finalize or abort, and its session.
+fn links(doc: &mut Value, missed: &mut Vec<String>) {
+    let session = json!({"session_id": "$response.body#/session_id"});
+    let turn = json!({
+        "session_id": "$response.body#/session_id",
+        "turn_id": "$response.body#/turn_id",
+    });
+    let links = json!({
+        "finalize_turn": {
+            "operationId": "finalize_turn",
+            "parameters": turn,
+            "description": "Finalize the started turn with the final answer.",
+        },
+        "abort_turn": {
+            "operationId": "abort_turn",
+            "parameters": turn,
+            "description": "Abort the started turn when the pipeline fails.",
+        },
+        "get_history": {
+            "operationId": "get_history",
+            "parameters": session,
+            "description": "Read the session's history.",
+        },
+        "get_session": {
+            "operationId": "get_session",
+            "parameters": session,
+            "description": "Read the session's details.",
+        },
+    });
+    match operation(doc, "start_turn") {
+        Some(start) => {
+            for status in ["200", "201"] {
+                start["responses"][status]["links"] = links.clone();
+            }
+        }
+        None => missed.push("operation start_turn".into()),
+    }
 }
 
 fn shared_response(codes: &[ProblemCode]) -> Value {
@@ -260,13 +300,25 @@ fn operation<'a>(doc: &'a mut Value, id: &str) -> Option<&'a mut Value> {
         .find(|op| op["operationId"] == id)
 }
 
-/// The schema of a query parameter of an operation.
-fn parameter<'a>(doc: &'a mut Value, id: &str, name: &str) -> Option<&'a mut Value> {
+/// A parameter of an operation.
+fn parameter_object<'a>(doc: &'a mut Value, id: &str, name: &str) -> Option<&'a mut Value> {
     operation(doc, id)?["parameters"]
         .as_array_mut()?
         .iter_mut()
         .find(|p| p["name"] == name)
-        .map(|p| &mut p["schema"])
+}
+
+/// The schema of a parameter of an operation.
+fn parameter<'a>(doc: &'a mut Value, id: &str, name: &str) -> Option<&'a mut Value> {
+    parameter_object(doc, id, name).map(|p| &mut p["schema"])
+}
+
+fn append_description(place: &mut Value, more: &str) {
+    if more.is_empty() {
+        return;
+    }
+    let description = place["description"].as_str().unwrap_or_default();
+    place["description"] = json!(format!("{description}{more}").trim_start());
 }
 
 /// A property of a component schema.
@@ -279,20 +331,59 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
     let user_id = IDENTIFIER_PATTERN
         .trim_start_matches('^')
         .trim_end_matches('$');
+    // Defaults a server's settings may change are stated in words, not as
+    // `default`: generated clients would send a `default` explicitly and
+    // override another server's setting.
+    let configured =
+        |value: String, setting: &str| format!(" Default on this server: {value} (`{setting}`).");
     let history = [
         (
             "limit",
-            json!({"maximum": MAX_LIMIT, "default": settings.history_limit}),
+            json!({"maximum": MAX_LIMIT}),
+            configured(
+                settings.history_limit.to_string(),
+                "TURNSTORE_HISTORY_LIMIT",
+            ),
         ),
         (
             "max_tokens",
-            json!({"maximum": MAX_TOKENS, "default": settings.history_max_tokens}),
+            json!({"maximum": MAX_TOKENS}),
+            configured(
+                settings.history_max_tokens.to_string(),
+                "TURNSTORE_HISTORY_MAX_TOKENS",
+            ),
         ),
-        ("format", json!({"default": "text"})),
-        ("encoding", json!({"default": settings.encoding.name()})),
-        ("model", json!({"maxLength": MAX_MODEL_CHARS})),
-        ("keep_first", json!({"default": false})),
-        ("after_seq", json!({"default": 0})),
+        ("format", json!({"default": "text"}), String::new()),
+        (
+            "encoding",
+            json!({}),
+            configured(
+                format!("`{}`", settings.encoding.name()),
+                "TURNSTORE_ENCODING",
+            ),
+        ),
+        (
+            "model",
+            json!({"maxLength": MAX_MODEL_CHARS}),
+            String::new(),
+        ),
+        (
+            "max_query_chars",
+            json!({"maximum": MAX_CHARS}),
+            String::new(),
+        ),
+        (
+            "max_answer_chars",
+            json!({"maximum": MAX_CHARS}),
+            String::new(),
+        ),
+        ("keep_first", json!({"default": false}), String::new()),
+        (
+            "after_seq",
+            json!({"default": 0, "maximum": MAX_SEQ}),
+            String::new(),
+        ),
+        ("through_seq", json!({"maximum": MAX_SEQ}), String::new()),
     ];
     let mut apply = |place: String, target: Option<&mut Value>, values: Value| match target {
         Some(t) => {
@@ -317,12 +408,18 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
         property(doc, "FinalizeTurnRequest", "final_answer"),
         json!({"maxLength": settings.max_answer_bytes}),
     );
-    for (name, values) in history {
+    for (name, values, default) in history {
+        if let Some(p) = property(doc, "HistoryParams", name) {
+            append_description(p, &default);
+        }
         apply(
             format!("HistoryParams.{name}"),
             property(doc, "HistoryParams", name),
             values.clone(),
         );
+        if let Some(p) = parameter_object(doc, "get_history", name) {
+            append_description(p, &default);
+        }
         apply(
             format!("get_history?{name}"),
             parameter(doc, "get_history", name),

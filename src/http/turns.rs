@@ -46,8 +46,8 @@ pub struct StartTurnRequest {
     /// `TURNSTORE_MAX_QUERY_BYTES` bytes of UTF-8 (413).
     #[schema(min_length = 1)]
     pub user_query: String,
-    /// Also return the history as it stood before this turn.
-    #[schema(nullable = false)]
+    /// Also return the history as it stood before this turn (`null` is
+    /// the same as absent).
     pub history: Option<HistoryParams>,
 }
 
@@ -76,7 +76,7 @@ pub struct StartTurnResponse {
     #[schema(value_type = SessionId)]
     pub session_id: String,
     /// The session's owner; `null` when it has none.
-    #[schema(value_type = Option<UserId>)]
+    #[schema(value_type = Option<UserId>, required = true)]
     pub user_id: Option<String>,
     #[schema(value_type = TurnId)]
     pub turn_id: String,

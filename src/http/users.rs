@@ -99,7 +99,7 @@ pub struct UserSessionsResponse {
     /// at most a day).
     pub sessions: Vec<UserSession>,
     /// Pass as `cursor` for the next page; `null` on the last page.
-    #[schema(pattern = "^[0-9]{1,19}$")]
+    #[schema(pattern = "^[0-9]{1,19}$", required = true)]
     pub next_cursor: Option<String>,
 }
 

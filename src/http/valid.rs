@@ -74,6 +74,7 @@ all_valid!(a: A, b: B, c: C);
 all_valid!(a: A, b: B, c: C, d: D);
 all_valid!(a: A, b: B, c: C, d: D, e: E);
 all_valid!(a: A, b: B, c: C, d: D, e: E, f: F);
+all_valid!(a: A, b: B, c: C, d: D, e: E, f: F, g: G);
 
 #[cfg(test)]
 mod tests {

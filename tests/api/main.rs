@@ -1028,6 +1028,14 @@ async fn bad_input_is_problem_json_and_changes_nothing(backend: Backend) {
             Some("history.max_answer_chars"),
         ),
         (
+            r#"{"user_query": "q", "history": {"model": "MMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMMM"}}"#,
+            Some("history.model"),
+        ),
+        (
+            r#"{"user_query": "q", "history": {"through_seq": 9223372036854775808}}"#,
+            Some("history.through_seq"),
+        ),
+        (
             r#"{"user_query": "q", "session_id": "has space"}"#,
             Some("session_id"),
         ),
@@ -1052,6 +1060,10 @@ async fn bad_input_is_problem_json_and_changes_nothing(backend: Backend) {
         (format!("/v1/sessions/{s}/history"), "format=yaml"),
         (format!("/v1/sessions/{s}/history"), "keep_first=maybe"),
         (format!("/v1/sessions/{s}/history"), "max_tokens=10000001"),
+        (
+            format!("/v1/sessions/{s}/history"),
+            "after_seq=9223372036854775808",
+        ),
         (format!("/v1/sessions/{s}/history"), "unknown=1"),
         (format!("/v1/sessions/{long_id}/history"), ""),
         ("/v1/sessions/a%7Bb%7D".to_string(), ""),
