@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 from server import turnstore
 
@@ -27,7 +28,9 @@ CHECKS = ",".join(
 
 def main(binary: str, spec: str, *more: str) -> int:
     config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemathesis.toml")
-    with turnstore(binary) as base_url:
+    spec = os.path.abspath(spec)
+    # Schemathesis keeps a cache in its working directory: not in the checkout.
+    with turnstore(binary) as base_url, tempfile.TemporaryDirectory() as scratch:
         return subprocess.call(
             [
                 os.path.join(os.path.dirname(sys.executable), "schemathesis"),
@@ -43,7 +46,8 @@ def main(binary: str, spec: str, *more: str) -> int:
                 "100",
                 "--no-color",
                 *more,
-            ]
+            ],
+            cwd=scratch,
         )
 
 

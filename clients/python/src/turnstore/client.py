@@ -1,0 +1,303 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from typing import Iterator, Mapping, Optional, Type, Union
+
+import httpx
+
+from . import _core
+from ._core import Attempts, Call, RetryPolicy
+from .models import (
+    Erasure,
+    History,
+    HistoryFormat,
+    HistoryOptions,
+    HistoryText,
+    Session,
+    StartedTurn,
+    Turn,
+    UserSession,
+    UserSessionsPage,
+)
+from .turn import DEFAULT_TURN_HISTORY, TurnContext
+
+__all__ = ["Client"]
+
+
+class Client:
+    """A synchronous turnstore client (thread-safe, like the httpx client under it).
+
+    Args:
+        base_url: the service's root URL.
+        api_key: sent as ``Authorization: Bearer <api_key>`` when set.
+        timeout: seconds (or an ``httpx.Timeout``) for each try of a request;
+            applies to the httpx client this class makes, not to an injected one.
+        max_retries: how many times a failed request is tried again (on
+            connection errors, timeouts, 502/503/504 only). 0 disables retries.
+        initial_backoff, max_backoff: bounds of the jittered exponential
+            wait between tries (see :class:`RetryPolicy`).
+        headers: extra headers sent with every request.
+        http_client: an ``httpx.Client`` to use (connection pools, proxies,
+            mTLS, event hooks); it is not closed by :meth:`close`.
+        transport: an httpx transport for the client this class makes
+            (e.g. ``httpx.MockTransport`` in tests).
+
+    Use it as a context manager, or call :meth:`close`, to release connections.
+    """
+
+    def __init__(
+        self,
+        base_url: str = _core.DEFAULT_BASE_URL,
+        *,
+        api_key: Optional[str] = None,
+        timeout: Union[float, httpx.Timeout] = _core.DEFAULT_TIMEOUT,
+        max_retries: int = 2,
+        initial_backoff: float = 0.25,
+        max_backoff: float = 4.0,
+        headers: Optional[Mapping[str, str]] = None,
+        http_client: Optional[httpx.Client] = None,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        if http_client is not None and transport is not None:
+            raise ValueError("pass http_client or transport, not both")
+        self.base_url = base_url.rstrip("/")
+        self.retry_policy = RetryPolicy(max_retries, initial_backoff, max_backoff)
+        self._headers = _core.base_headers(api_key, headers)
+        self._owns_http = http_client is None
+        self._http = (
+            http_client
+            if http_client is not None
+            else httpx.Client(timeout=timeout, transport=transport)
+        )
+
+    # --- lifecycle -------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the connections, unless the httpx client was injected."""
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+    # --- turns -----------------------------------------------------------
+
+    def start_turn(
+        self,
+        user_query: str,
+        *,
+        session_id: Optional[str] = None,
+        user_id: Optional[str] = None,
+        history: Optional[HistoryOptions] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> StartedTurn:
+        """Starts a turn with the user's question; the turn is pending until
+        :meth:`finalize_turn` or :meth:`abort_turn`.
+
+        With ``history``, the result carries the history as it stood before
+        this turn: one round trip to begin a request. Without ``session_id``
+        a new session is made; its id (a UUID v4 this client generates so
+        that the start can be retried safely) is in the result. The start is
+        sent with an Idempotency-Key (``idempotency_key`` or a new UUID),
+        the same on every retry, so a retried start returns the same turn
+        (``replayed=True``) instead of making a second one.
+        """
+        call = _core.start_call(user_query, session_id, user_id, history, idempotency_key)
+        response = self._send(call)
+        replayed = response.headers.get("idempotent-replayed", "").lower() == "true"
+        return _core.parse(
+            response, call.request_id, lambda d: StartedTurn.from_json(d, replayed=replayed)
+        )
+
+    def finalize_turn(self, session_id: str, turn_id: str, final_answer: str) -> Turn:
+        """Finalizes a turn with its answer; it enters the history at its
+        ``seq``. Finalizing again with the same answer returns the same turn,
+        so retries are safe; another answer raises :class:`ConflictError`."""
+        call = _core.finalize_call(session_id, turn_id, final_answer)
+        return _core.parse(self._send(call), call.request_id, lambda d: Turn.from_json(d["turn"]))
+
+    def abort_turn(self, session_id: str, turn_id: str) -> None:
+        """Removes a pending turn (the pipeline failed) or a finalized one.
+
+        An unknown turn raises :class:`NotFoundError`, except when an earlier
+        try of this same call may have removed it (its response was lost):
+        then the 404 of the retry means the abort is done.
+        """
+        self._send(_core.abort_call(session_id, turn_id))
+
+    def turn(
+        self,
+        user_query: str,
+        *,
+        session_id: Optional[str] = None,
+        user_id: Optional[str] = None,
+        history: Optional[HistoryOptions] = DEFAULT_TURN_HISTORY,
+        idempotency_key: Optional[str] = None,
+    ) -> TurnContext:
+        """A context manager for one RAG request; see :class:`TurnContext`.
+
+        ``history`` defaults to the ``messages`` format with the server's
+        limits, ready for :meth:`TurnContext.prompt`.
+        """
+        return TurnContext(
+            self,
+            user_query,
+            session_id=session_id,
+            user_id=user_id,
+            history=history,
+            idempotency_key=idempotency_key,
+        )
+
+    # --- history ---------------------------------------------------------
+
+    def get_history(
+        self,
+        session_id: str,
+        options: Optional[HistoryOptions] = None,
+        *,
+        limit: Optional[int] = None,
+        max_tokens: Optional[int] = None,
+        format: Optional[HistoryFormat] = None,
+        model: Optional[str] = None,
+        encoding: Optional[str] = None,
+        max_query_chars: Optional[int] = None,
+        max_answer_chars: Optional[int] = None,
+        keep_first: Optional[bool] = None,
+        after_seq: Optional[int] = None,
+        through_seq: Optional[int] = None,
+    ) -> History:
+        """A session's finalized turns, newest first up to the bounds, in one
+        format; keyword arguments override the fields of ``options``. An
+        unknown or expired session has an empty history."""
+        opts = _core.history_options(
+            options,
+            limit=limit,
+            max_tokens=max_tokens,
+            format=format,
+            model=model,
+            encoding=encoding,
+            max_query_chars=max_query_chars,
+            max_answer_chars=max_answer_chars,
+            keep_first=keep_first,
+            after_seq=after_seq,
+            through_seq=through_seq,
+        )
+        call = _core.history_call(session_id, opts)
+        return _core.parse(self._send(call), call.request_id, History.from_json)
+
+    def get_history_text(
+        self,
+        session_id: str,
+        options: Optional[HistoryOptions] = None,
+        *,
+        limit: Optional[int] = None,
+        max_tokens: Optional[int] = None,
+        model: Optional[str] = None,
+        encoding: Optional[str] = None,
+        max_query_chars: Optional[int] = None,
+        max_answer_chars: Optional[int] = None,
+        keep_first: Optional[bool] = None,
+        after_seq: Optional[int] = None,
+        through_seq: Optional[int] = None,
+    ) -> HistoryText:
+        """The ``text`` rendering alone (``Accept: text/plain``), with its
+        exact token count from the ``x-token-count`` header."""
+        opts = _core.history_options(
+            options,
+            limit=limit,
+            max_tokens=max_tokens,
+            model=model,
+            encoding=encoding,
+            max_query_chars=max_query_chars,
+            max_answer_chars=max_answer_chars,
+            keep_first=keep_first,
+            after_seq=after_seq,
+            through_seq=through_seq,
+        )
+        call = _core.history_call(session_id, opts, text=True)
+        return _core.history_text(self._send(call), call.request_id)
+
+    # --- sessions and users ----------------------------------------------
+
+    def get_session(self, session_id: str) -> Session:
+        """A live session's owner, times and counts; :class:`NotFoundError`
+        (``session_not_found``) when it does not exist or expired."""
+        call = _core.session_call("GET", session_id)
+        return _core.parse(self._send(call), call.request_id, Session.from_json)
+
+    def clear_session(self, session_id: str) -> None:
+        """Deletes a session and all its turns (also for an unknown session)."""
+        self._send(_core.session_call("DELETE", session_id))
+
+    def list_user_sessions(
+        self, user_id: str, *, limit: Optional[int] = None, cursor: Optional[str] = None
+    ) -> UserSessionsPage:
+        """One page of a user's live sessions, most recently active first.
+        Pass the page's ``next_cursor`` as ``cursor`` for the next one, or
+        use :meth:`iter_user_sessions`."""
+        call = _core.user_sessions_call(user_id, limit, cursor)
+        return _core.parse(self._send(call), call.request_id, UserSessionsPage.from_json)
+
+    def iter_user_sessions(
+        self, user_id: str, *, page_size: Optional[int] = None
+    ) -> Iterator[UserSession]:
+        """Every live session of a user, following ``next_cursor`` until it
+        is ``None`` (pages may be short, even empty, before the end)."""
+        cursor: Optional[str] = None
+        while True:
+            page = self.list_user_sessions(user_id, limit=page_size, cursor=cursor)
+            yield from page.sessions
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def erase_user(self, user_id: str) -> Erasure:
+        """One erasure call; ``complete`` is false when the server ran out of
+        time and more sessions remain (see :meth:`erase_user_completely`)."""
+        call = _core.erase_call(user_id)
+        return _core.parse(self._send(call), call.request_id, Erasure.from_json)
+
+    def erase_user_completely(self, user_id: str) -> Erasure:
+        """Erases every session of a user, calling again while the server
+        answers ``complete: false`` (each call continues where the last one
+        stopped). Returns the total of deleted sessions."""
+        deleted = 0
+        while True:
+            erasure = self.erase_user(user_id)
+            deleted += erasure.deleted_sessions
+            if erasure.complete:
+                return Erasure(user_id=erasure.user_id, deleted_sessions=deleted, complete=True)
+
+    # --- transport -------------------------------------------------------
+
+    def _send(self, call: Call) -> httpx.Response:
+        attempts = Attempts(call, self.retry_policy)
+        headers = call.request_headers(self._headers)
+        content = call.content()
+        while True:
+            try:
+                response = self._http.request(
+                    call.method,
+                    self.base_url + call.path,
+                    params=call.params,
+                    content=content,
+                    headers=headers,
+                )
+            except httpx.TransportError as exc:
+                time.sleep(attempts.on_exception(exc))
+                continue
+            wait = attempts.on_response(response)
+            if wait is None:
+                return response
+            time.sleep(wait)

@@ -1,0 +1,345 @@
+"""Typed views of turnstore's requests and responses.
+
+Responses are frozen dataclasses built from the JSON by ``from_json``
+class methods, with timestamps parsed to timezone-aware ``datetime``
+objects. Parsing ignores fields it does not know, so a newer server that
+adds fields does not break an older client.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+
+from .messages import Message, build_chat_messages
+
+if TYPE_CHECKING:  # openai is optional: see turnstore.messages
+    from openai.types.chat import ChatCompletionMessageParam
+
+__all__ = [
+    "Erasure",
+    "History",
+    "HistoryFormat",
+    "HistoryOptions",
+    "HistoryText",
+    "Session",
+    "StartedTurn",
+    "StopReason",
+    "Turn",
+    "UserSession",
+    "UserSessionsPage",
+]
+
+HistoryFormat = Literal["text", "messages", "turns"]
+"""``text``: one rendered string; ``messages``: chat messages; ``turns``: Turn objects."""
+
+StopReason = Literal["limit", "max_tokens", "max_bytes"]
+"""The bound that left older turns out of a history."""
+
+_FRACTION = re.compile(r"\.(\d+)")
+
+
+def parse_datetime(value: str) -> datetime:
+    """Parses the service's RFC 3339 UTC timestamps (``2026-01-02T03:04:05.678Z``).
+
+    ``datetime.fromisoformat`` accepts neither ``Z`` nor fractions other
+    than 3 or 6 digits before Python 3.11, hence the normalisation.
+    """
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    text = _FRACTION.sub(lambda m: "." + (m.group(1) + "000000")[:6], text, count=1)
+    parsed = datetime.fromisoformat(text.replace("t", "T"))
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed
+
+
+@dataclass(frozen=True)
+class HistoryOptions:
+    """How to select and render a history; ``None`` leaves a server default.
+
+    Used by :meth:`Client.get_history` (as query parameters) and by
+    :meth:`Client.start_turn` (as the ``history`` body field, to get the
+    history in the same round trip as the start).
+
+    Attributes:
+        limit: at most this many most recent finalized turns (0..=10000).
+        max_tokens: the rendering fits in this many tokens (0..=10000000).
+        format: ``text``, ``messages`` or ``turns``.
+        model: count tokens with this model's encoding (``gpt-4o``); an
+            unknown model falls back to the server's default encoding.
+        encoding: the tokenizer (``o200k_base``, ``cl100k_base``, ...);
+            wins over ``model``.
+        max_query_chars: cut each question to this many characters first.
+        max_answer_chars: cut each answer to this many characters first.
+        keep_first: always keep the session's first turn (the original
+            goal) when anything is kept.
+        after_seq: only turns with ``seq > after_seq`` (range reads).
+        through_seq: only turns with ``seq <= through_seq`` (range reads).
+    """
+
+    limit: Optional[int] = None
+    max_tokens: Optional[int] = None
+    format: Optional[HistoryFormat] = None
+    model: Optional[str] = None
+    encoding: Optional[str] = None
+    max_query_chars: Optional[int] = None
+    max_answer_chars: Optional[int] = None
+    keep_first: Optional[bool] = None
+    after_seq: Optional[int] = None
+    through_seq: Optional[int] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The set options, as the ``history`` object of a start request."""
+        return {k: v for k, v in self._items() if v is not None}
+
+    def to_params(self) -> Dict[str, Union[str, int]]:
+        """The set options, as get_history query parameters (booleans as
+        ``true``/``false``, which is what the server parses)."""
+        params: Dict[str, Union[str, int]] = {}
+        for key, value in self._items():
+            if isinstance(value, bool):
+                params[key] = "true" if value else "false"
+            elif value is not None:
+                params[key] = value
+        return params
+
+    def _items(self) -> List[Tuple[str, Any]]:
+        return [(name, getattr(self, name)) for name in self.__dataclass_fields__]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A finalized turn: one question and its final answer.
+
+    ``truncated`` is true when this copy was cut by ``max_query_chars`` or
+    ``max_answer_chars`` (the stored turn is whole).
+    """
+
+    turn_id: str
+    seq: int
+    user_query: str
+    final_answer: str
+    started_at: datetime
+    finalized_at: datetime
+    truncated: bool
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Turn:
+        return cls(
+            turn_id=data["turn_id"],
+            seq=data["seq"],
+            user_query=data["user_query"],
+            final_answer=data["final_answer"],
+            started_at=parse_datetime(data["started_at"]),
+            finalized_at=parse_datetime(data["finalized_at"]),
+            truncated=data["truncated"],
+        )
+
+
+@dataclass(frozen=True)
+class History:
+    """A session's history, budgeted and rendered in one format.
+
+    Exactly one of ``rendered`` (format ``text``), ``messages`` (format
+    ``messages``) and ``turns`` (format ``turns``) is set. ``token_count``
+    is the exact count of what is returned, in ``encoding``;
+    ``stopped_by`` names the bound that left older turns out, or is
+    ``None`` when every candidate turn is included.
+    """
+
+    session_id: str
+    user_id: Optional[str]
+    format: HistoryFormat
+    encoding: str
+    token_count: int
+    total_turns: int
+    included_turns: int
+    omitted_turns: int
+    pending_turns: int
+    stopped_by: Optional[StopReason] = None
+    rendered: Optional[str] = None
+    messages: Optional[List[Message]] = None
+    turns: Optional[List[Turn]] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> History:
+        messages = data.get("messages")
+        turns = data.get("turns")
+        return cls(
+            session_id=data["session_id"],
+            user_id=data.get("user_id"),
+            format=data["format"],
+            encoding=data["encoding"],
+            token_count=data["token_count"],
+            total_turns=data["total_turns"],
+            included_turns=data["included_turns"],
+            omitted_turns=data["omitted_turns"],
+            pending_turns=data["pending_turns"],
+            stopped_by=data.get("stopped_by"),
+            rendered=data.get("rendered"),
+            messages=(
+                None
+                if messages is None
+                else [{"role": m["role"], "content": m["content"]} for m in messages]
+            ),
+            turns=None if turns is None else [Turn.from_json(t) for t in turns],
+        )
+
+    def chat_messages(self) -> List[Message]:
+        """The history as user/assistant messages, oldest first.
+
+        Works for the ``messages`` and ``turns`` formats; a ``text`` history
+        has no message structure left, so it raises ``ValueError``.
+        """
+        if self.messages is not None:
+            return list(self.messages)
+        if self.turns is not None:
+            out: List[Message] = []
+            for turn in self.turns:
+                out.append({"role": "user", "content": turn.user_query})
+                out.append({"role": "assistant", "content": turn.final_answer})
+            return out
+        raise ValueError(
+            "a history in format 'text' has no messages: ask for format='messages' (or 'turns')"
+        )
+
+    def to_openai_messages(
+        self, system: Optional[str] = None, question: Optional[str] = None
+    ) -> List[ChatCompletionMessageParam]:
+        """The messages of a chat completion: ``system`` first (if given),
+        then this history, then ``question`` as the last user message (if
+        given). Typed for the OpenAI SDK; see :mod:`turnstore.messages`."""
+        return build_chat_messages(self.chat_messages(), system=system, question=question)
+
+
+@dataclass(frozen=True)
+class HistoryText:
+    """A history fetched as ``text/plain``: the rendering and its exact token count."""
+
+    text: str
+    token_count: int
+    encoding: str
+
+
+@dataclass(frozen=True)
+class StartedTurn:
+    """A turn that was started and is pending until finalized or aborted.
+
+    ``history`` is the history as it stood before this turn, when the start
+    asked for it. ``replayed`` is true when the service recognised a retry
+    of an earlier start (same Idempotency-Key and body) and returned that
+    start's turn instead of making another.
+    """
+
+    session_id: str
+    user_id: Optional[str]
+    turn_id: str
+    seq: int
+    started_at: datetime
+    history: Optional[History] = None
+    replayed: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, replayed: bool = False) -> StartedTurn:
+        history = data.get("history")
+        return cls(
+            session_id=data["session_id"],
+            user_id=data.get("user_id"),
+            turn_id=data["turn_id"],
+            seq=data["seq"],
+            started_at=parse_datetime(data["started_at"]),
+            history=None if history is None else History.from_json(history),
+            replayed=replayed,
+        )
+
+
+@dataclass(frozen=True)
+class Session:
+    """A live session: its owner, times and counts of finalized and pending turns.
+
+    ``expires_at`` is when the session expires unless written to again
+    (starts and finalizes slide it; reads and aborts do not).
+    """
+
+    session_id: str
+    user_id: Optional[str]
+    created_at: datetime
+    last_active_at: datetime
+    expires_at: datetime
+    turn_count: int
+    pending_count: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Session:
+        return cls(
+            session_id=data["session_id"],
+            user_id=data.get("user_id"),
+            created_at=parse_datetime(data["created_at"]),
+            last_active_at=parse_datetime(data["last_active_at"]),
+            expires_at=parse_datetime(data["expires_at"]),
+            turn_count=data["turn_count"],
+            pending_count=data["pending_count"],
+        )
+
+
+@dataclass(frozen=True)
+class UserSession:
+    """One entry of a user's session list."""
+
+    session_id: str
+    last_active_at: datetime
+    turn_count: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UserSession:
+        return cls(
+            session_id=data["session_id"],
+            last_active_at=parse_datetime(data["last_active_at"]),
+            turn_count=data["turn_count"],
+        )
+
+
+@dataclass(frozen=True)
+class UserSessionsPage:
+    """One page of a user's sessions, most recently active first.
+
+    A page may hold fewer sessions than asked for, even none, and still
+    have a ``next_cursor``: only ``next_cursor is None`` marks the end.
+    """
+
+    user_id: str
+    sessions: List[UserSession] = field(default_factory=list)
+    next_cursor: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> UserSessionsPage:
+        return cls(
+            user_id=data["user_id"],
+            sessions=[UserSession.from_json(s) for s in data["sessions"]],
+            next_cursor=data.get("next_cursor"),
+        )
+
+
+@dataclass(frozen=True)
+class Erasure:
+    """The outcome of erasing a user's sessions.
+
+    ``complete`` false means the server stopped at its request timeout;
+    calling again continues where it stopped.
+    """
+
+    user_id: str
+    deleted_sessions: int
+    complete: bool
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Erasure:
+        return cls(
+            user_id=data["user_id"],
+            deleted_sessions=data["deleted_sessions"],
+            complete=data["complete"],
+        )

@@ -1,0 +1,111 @@
+"""Test servers: the real turnstore binary (``TURNSTORE_BIN``), on the
+in-memory store and on a Redis this suite starts, one of each per run.
+
+Every test that takes ``server`` (or a fixture built on it) runs once per
+store. Tests isolate themselves by using fresh session and user ids, so the
+servers are shared across tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from typing import AsyncIterator, Dict, Iterator
+
+import pytest
+import pytest_asyncio
+from support import API_KEYS, STARTUP_TIMEOUT, Server, start_turnstore
+
+from turnstore import AsyncClient, Client
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _redis_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private redis-server for this run, with persistence off."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.exit("redis-server is not on PATH (apt-get install redis-server)", returncode=4)
+    port = _free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while not _redis_ping(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"redis-server did not start on port {port}")
+        time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def _store_env(store: str, request: pytest.FixtureRequest) -> Dict[str, str]:
+    if store == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        return {"TURNSTORE_REDIS_URL": url}
+    return {}
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """An open turnstore (no API keys), once per store."""
+    store: str = request.param
+    srv = start_turnstore(store, _store_env(store, request))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def auth_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A turnstore that requires one of ``API_KEYS``, once per store."""
+    store: str = request.param
+    env = _store_env(store, request)
+    env["TURNSTORE_API_KEYS"] = ",".join(API_KEYS)
+    srv = start_turnstore(store, env)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def capped_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A turnstore allowing 2 pending turns per session, once per store."""
+    store: str = request.param
+    env = _store_env(store, request)
+    env["TURNSTORE_MAX_PENDING_TURNS"] = "2"
+    srv = start_turnstore(store, env)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[Client]:
+    """A client with short backoffs (retries take milliseconds in tests)."""
+    with Client(server.url, initial_backoff=0.01, max_backoff=0.05) as c:
+        yield c
+
+
+@pytest_asyncio.fixture
+async def aclient(server: Server) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(server.url, initial_backoff=0.01, max_backoff=0.05) as c:
+        yield c

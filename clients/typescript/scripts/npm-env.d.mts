@@ -1,0 +1,2 @@
+/** See npm-env.mjs. */
+export function npmEnvironment(source?: NodeJS.ProcessEnv): NodeJS.ProcessEnv;

@@ -1,0 +1,415 @@
+import createClient, { type Client } from "openapi-fetch";
+import { TurnstoreError } from "./errors.js";
+import { type AttemptResult, type Delivered, type RetryPolicy, sendWithRetries } from "./retry.js";
+import type { paths } from "./schema.js";
+import type {
+  EraseUserResponse,
+  FinalizeTurnResponse,
+  HistoryFor,
+  HistoryOptions,
+  ListUserSessionsOptions,
+  Session,
+  StartTurnBody,
+  StartTurnResponse,
+  UserSession,
+  UserSessionsPage,
+} from "./types.js";
+
+export interface TurnstoreClientOptions {
+  /** Where turnstore listens, e.g. `http://127.0.0.1:8080` (no `/v1`). */
+  baseUrl: string;
+  /** Sent as `Authorization: Bearer <apiKey>` when the server has keys. */
+  apiKey?: string | undefined;
+  /** A fetch to use instead of `globalThis.fetch` (proxies, tests). */
+  fetch?: ((request: Request) => Promise<Response>) | undefined;
+  /** Retries after the first attempt, for network errors, timeouts and 502/503/504. Default 3. */
+  maxRetries?: number | undefined;
+  /** Bound on each attempt, in ms. Default 10 000: above the server's own 5 s request timeout,
+   * so a slow server answers 503 `request_timeout` (retried) before the client gives up. */
+  timeoutMs?: number | undefined;
+  /** First backoff, in ms (doubles per retry, with jitter). Default 200. */
+  retryBaseDelayMs?: number | undefined;
+  /** Largest backoff, in ms. Default 5 000. */
+  retryMaxDelayMs?: number | undefined;
+}
+
+/** Per-call options. */
+export interface CallOptions {
+  /** Cancels the call, retries included; the signal's reason is thrown. */
+  signal?: AbortSignal | undefined;
+  /** Sent as `x-request-id` (1 to 128 visible ASCII characters), to follow a call in the server's logs. */
+  requestId?: string | undefined;
+}
+
+export interface StartTurnInput<O extends HistoryOptions | undefined = HistoryOptions | undefined> {
+  userQuery: string;
+  /** Omit for a new session: the client then makes its id (a UUID), so that retries stay safe. */
+  sessionId?: string | undefined;
+  /** The session's owner; a session belongs to the first user it is started with. */
+  userId?: string | undefined;
+  /** Also return the history as it stood before this turn (one round trip per request). */
+  history?: O;
+  /** Reuse one key to make a start you repeat yourself idempotent (e.g. after a crash);
+   * by default each call gets a fresh one, reused only across its own retries. */
+  idempotencyKey?: string | undefined;
+}
+
+/** A started (pending) turn. */
+export type StartedTurn<O> = Omit<StartTurnResponse, "history"> & {
+  /** True when a retry found the first attempt's turn (`Idempotent-Replayed: true`). */
+  replayed: boolean;
+  history: O extends HistoryOptions ? HistoryFor<O> : undefined;
+};
+
+/** The `text` rendering of a history, as `Accept: text/plain` returns it. */
+export interface HistoryText {
+  text: string;
+  /** Exact token count of `text` (`x-token-count`). */
+  tokenCount: number;
+  /** The encoding it is counted in (`x-encoding`). */
+  encoding: string;
+}
+
+export interface EraseUserOptions {
+  /** Calls to make at most while the server answers `complete: false`. Default 100. */
+  maxRounds?: number | undefined;
+}
+
+export interface ErasedUser extends EraseUserResponse {
+  /** Calls made; `deleted_sessions` is their sum. */
+  rounds: number;
+}
+
+/** What `turn()` hands the generation callback. */
+export type TurnContext<O> = StartedTurn<O> & { userQuery: string };
+
+const DEFAULTS = {
+  maxRetries: 3,
+  timeoutMs: 10_000,
+  retryBaseDelayMs: 200,
+  retryMaxDelayMs: 5_000,
+} as const;
+
+/** History options of the text/plain rendering, which has one format. */
+type TextHistoryOptions = Omit<HistoryOptions, "format">;
+
+/**
+ * A typed client of the turnstore HTTP API. Every call is retried on network
+ * errors, timeouts and 502/503/504 (all of them are safe to repeat: starts
+ * carry an Idempotency-Key), and every failure is a `TurnstoreError`, except
+ * a cancellation through `CallOptions.signal`, which throws the signal's reason.
+ */
+export class TurnstoreClient {
+  readonly #api: Client<paths>;
+  readonly #policy: RetryPolicy;
+
+  constructor(options: TurnstoreClientOptions) {
+    // Fail at construction, not as a retried "network error" on first use.
+    const base = new URL(options.baseUrl);
+    if (base.protocol !== "http:" && base.protocol !== "https:") {
+      throw new TypeError(`baseUrl must be an http(s) URL, got ${options.baseUrl}`);
+    }
+    this.#policy = {
+      maxRetries: nonNegativeInteger("maxRetries", options.maxRetries ?? DEFAULTS.maxRetries),
+      timeoutMs: positive("timeoutMs", options.timeoutMs ?? DEFAULTS.timeoutMs),
+      baseDelayMs: positive("retryBaseDelayMs", options.retryBaseDelayMs ?? DEFAULTS.retryBaseDelayMs),
+      maxDelayMs: positive("retryMaxDelayMs", options.retryMaxDelayMs ?? DEFAULTS.retryMaxDelayMs),
+    };
+    this.#api = createClient<paths>({
+      baseUrl: options.baseUrl,
+      ...(options.fetch && { fetch: options.fetch }),
+      ...(options.apiKey !== undefined && { headers: { Authorization: `Bearer ${options.apiKey}` } }),
+    });
+  }
+
+  /**
+   * Starts a turn (`POST /v1/turns`). Safe to retry: the request carries a
+   * session id (the caller's or a new UUID) and an Idempotency-Key, so a
+   * retry after a lost reply returns the same turn with `replayed: true`.
+   */
+  async startTurn<O extends HistoryOptions | undefined = undefined>(
+    input: StartTurnInput<O>,
+    call?: CallOptions,
+  ): Promise<StartedTurn<O>> {
+    const idempotencyKey = input.idempotencyKey ?? crypto.randomUUID();
+    const body: StartTurnBody = {
+      // API.md: an Idempotency-Key needs a session_id; a server-made id would
+      // not survive a lost reply, so the client makes it.
+      session_id: input.sessionId ?? crypto.randomUUID(),
+      user_query: input.userQuery,
+    };
+    if (input.userId !== undefined) body.user_id = input.userId;
+    if (input.history !== undefined) body.history = input.history;
+    const { data, response } = await this.#send("POST /v1/turns", call, (signal, headers) =>
+      this.#api.POST("/v1/turns", {
+        body,
+        params: { header: { "Idempotency-Key": idempotencyKey } },
+        headers,
+        signal,
+      }),
+    );
+    const started = required(data, response);
+    return {
+      ...started,
+      replayed: response.headers.get("idempotent-replayed") === "true",
+      // The server returns `history` exactly when it was asked for.
+      history: (started.history ?? undefined) as StartedTurn<O>["history"],
+    };
+  }
+
+  /**
+   * Finalizes a turn with its answer. Retrying with the same answer returns
+   * the same turn, so this is retried like a read.
+   */
+  async finalizeTurn(
+    sessionId: string,
+    turnId: string,
+    finalAnswer: string,
+    call?: CallOptions,
+  ): Promise<FinalizeTurnResponse> {
+    const { data, response } = await this.#send("POST finalize", call, (signal, headers) =>
+      this.#api.POST("/v1/sessions/{session_id}/turns/{turn_id}/finalize", {
+        params: { path: { session_id: sessionId, turn_id: turnId } },
+        body: { final_answer: finalAnswer },
+        headers,
+        signal,
+      }),
+    );
+    return required(data, response);
+  }
+
+  /**
+   * Removes a pending turn (the pipeline failed) or a finalized one. A retry
+   * answered 404 `turn_not_found` counts as done: an earlier attempt whose
+   * reply was lost may have removed it.
+   */
+  async abortTurn(sessionId: string, turnId: string, call?: CallOptions): Promise<void> {
+    await this.#send(
+      "DELETE turn",
+      call,
+      (signal, headers) =>
+        this.#api.DELETE("/v1/sessions/{session_id}/turns/{turn_id}", {
+          params: { path: { session_id: sessionId, turn_id: turnId } },
+          headers,
+          signal,
+        }),
+      (error) => error.status === 404 && error.code === "turn_not_found",
+    );
+  }
+
+  /**
+   * Reads the history (`GET .../history`). The result's type follows
+   * `options.format`: `rendered` for text (the default), `messages`, `turns`.
+   */
+  async getHistory<O extends HistoryOptions = Record<never, never>>(
+    sessionId: string,
+    options?: O,
+    call?: CallOptions,
+  ): Promise<HistoryFor<O>> {
+    const query: HistoryOptions = { ...options };
+    const { data, response } = await this.#send("GET history", call, (signal, headers) =>
+      this.#api.GET("/v1/sessions/{session_id}/history", {
+        params: { path: { session_id: sessionId }, query },
+        headers,
+        signal,
+      }),
+    );
+    return required(data, response) as HistoryFor<O>;
+  }
+
+  /** Reads the `text` rendering alone (`Accept: text/plain`), with its token count. */
+  async getHistoryText(
+    sessionId: string,
+    options?: TextHistoryOptions,
+    call?: CallOptions,
+  ): Promise<HistoryText> {
+    const query: HistoryOptions = { ...options };
+    const { data, response } = await this.#send("GET history (text)", call, (signal, headers) =>
+      this.#api.GET("/v1/sessions/{session_id}/history", {
+        params: { path: { session_id: sessionId }, query },
+        headers: { ...headers, Accept: "text/plain" },
+        parseAs: "text",
+        signal,
+      }),
+    );
+    const tokenCount = response.headers.get("x-token-count");
+    const encoding = response.headers.get("x-encoding");
+    if (tokenCount === null || !/^\d+$/.test(tokenCount) || encoding === null) {
+      throw unexpected(response, "a text/plain history without x-token-count or x-encoding");
+    }
+    // A 200 with an empty body (the empty history) comes back as undefined.
+    return { text: data ?? "", tokenCount: Number(tokenCount), encoding };
+  }
+
+  /** Session metadata; 404 `session_not_found` for an unknown or expired session. */
+  async getSession(sessionId: string, call?: CallOptions): Promise<Session> {
+    const { data, response } = await this.#send("GET session", call, (signal, headers) =>
+      this.#api.GET("/v1/sessions/{session_id}", {
+        params: { path: { session_id: sessionId } },
+        headers,
+        signal,
+      }),
+    );
+    return required(data, response);
+  }
+
+  /** Deletes the session and all its turns; done for an unknown session too. */
+  async clearSession(sessionId: string, call?: CallOptions): Promise<void> {
+    await this.#send("DELETE session", call, (signal, headers) =>
+      this.#api.DELETE("/v1/sessions/{session_id}", {
+        params: { path: { session_id: sessionId } },
+        headers,
+        signal,
+      }),
+    );
+  }
+
+  /**
+   * One page of a user's sessions, most recently active first. A page may be
+   * short, even empty, and still have a `next_cursor`: see iterateUserSessions.
+   */
+  async listUserSessions(
+    userId: string,
+    options?: ListUserSessionsOptions,
+    call?: CallOptions,
+  ): Promise<UserSessionsPage> {
+    const query: ListUserSessionsOptions = { ...options };
+    const { data, response } = await this.#send("GET user sessions", call, (signal, headers) =>
+      this.#api.GET("/v1/users/{user_id}/sessions", {
+        params: { path: { user_id: userId }, query },
+        headers,
+        signal,
+      }),
+    );
+    return required(data, response);
+  }
+
+  /** Every live session of a user, following `next_cursor` until it is null. */
+  async *iterateUserSessions(
+    userId: string,
+    options?: { pageSize?: number | undefined },
+    call?: CallOptions,
+  ): AsyncGenerator<UserSession, void, undefined> {
+    let cursor: string | undefined;
+    do {
+      const query: ListUserSessionsOptions = {};
+      if (options?.pageSize !== undefined) query.limit = options.pageSize;
+      if (cursor !== undefined) query.cursor = cursor;
+      const page = await this.listUserSessions(userId, query, call);
+      yield* page.sessions;
+      cursor = page.next_cursor ?? undefined;
+    } while (cursor !== undefined);
+  }
+
+  /**
+   * Erases every session of a user (right to erasure), calling again while
+   * the server answers `complete: false` (it continues where it stopped).
+   * Returns `complete: false` only if `maxRounds` calls were not enough.
+   */
+  async eraseUser(userId: string, options?: EraseUserOptions, call?: CallOptions): Promise<ErasedUser> {
+    const maxRounds = options?.maxRounds ?? 100;
+    if (!Number.isInteger(maxRounds) || maxRounds < 1) throw new RangeError("maxRounds must be an integer >= 1");
+    let deleted = 0;
+    for (let round = 1; ; round += 1) {
+      const { data, response } = await this.#send("DELETE user", call, (signal, headers) =>
+        this.#api.DELETE("/v1/users/{user_id}", {
+          params: { path: { user_id: userId } },
+          headers,
+          signal,
+        }),
+      );
+      const result = required(data, response);
+      deleted += result.deleted_sessions;
+      if (result.complete || round >= maxRounds) {
+        return { ...result, deleted_sessions: deleted, rounds: round };
+      }
+    }
+  }
+
+  /**
+   * One RAG request: starts the turn (with `input.history`, available to
+   * `generate` as `turn.history`), runs `generate`, and finalizes the turn
+   * with the answer it returns. If `generate` throws, the turn is aborted
+   * and the error rethrown as is. If the server rejects the answer (422
+   * empty, 413 too large) the turn is aborted too, since nothing was written;
+   * after any other finalize failure it is left alone (it may have been
+   * finalized: aborting could delete a finished turn) and expires by itself
+   * if it was not.
+   */
+  async turn<O extends HistoryOptions | undefined = undefined>(
+    input: StartTurnInput<O>,
+    generate: (turn: TurnContext<O>) => Promise<string> | string,
+    call?: CallOptions,
+  ): Promise<FinalizeTurnResponse> {
+    const started = await this.startTurn(input, call);
+    // Cleanup must not be cancelled by the caller's signal, which may be the
+    // very reason the callback threw.
+    const cleanup: CallOptions = { requestId: call?.requestId };
+    let answer: string;
+    try {
+      answer = await generate({ ...started, userQuery: input.userQuery });
+    } catch (error) {
+      await this.#abortQuietly(started.session_id, started.turn_id, cleanup);
+      throw error;
+    }
+    try {
+      return await this.finalizeTurn(started.session_id, started.turn_id, answer, call);
+    } catch (error) {
+      if (error instanceof TurnstoreError && (error.status === 413 || error.status === 422)) {
+        await this.#abortQuietly(started.session_id, started.turn_id, cleanup);
+      }
+      throw error;
+    }
+  }
+
+  async #abortQuietly(sessionId: string, turnId: string, call: CallOptions): Promise<void> {
+    try {
+      await this.abortTurn(sessionId, turnId, call);
+    } catch {
+      // The caller gets the error that made us abort, not this one; a pending
+      // turn that could not be aborted expires after the pending TTL.
+    }
+  }
+
+  #send<D>(
+    label: string,
+    call: CallOptions | undefined,
+    attempt: (signal: AbortSignal, headers: Record<string, string>) => Promise<AttemptResult<D>>,
+    acceptOnRetry?: (error: TurnstoreError) => boolean,
+  ): Promise<Delivered<D>> {
+    const headers: Record<string, string> = {};
+    if (call?.requestId !== undefined) headers["x-request-id"] = call.requestId;
+    return sendWithRetries({
+      policy: this.#policy,
+      label,
+      signal: call?.signal,
+      attempt: (signal) => attempt(signal, headers),
+      ...(acceptOnRetry && { acceptOnRetry }),
+    });
+  }
+}
+
+function required<D>(data: D | undefined, response: Response): D {
+  if (data === undefined) throw unexpected(response, "a success without a body");
+  return data;
+}
+
+function unexpected(response: Response, what: string): TurnstoreError {
+  return new TurnstoreError({
+    status: response.status,
+    code: "unexpected_response",
+    title: "Unexpected response",
+    detail: `${response.url}: ${what}`,
+    requestId: response.headers.get("x-request-id") ?? undefined,
+  });
+}
+
+function nonNegativeInteger(name: string, value: number): number {
+  if (!Number.isInteger(value) || value < 0) throw new RangeError(`${name} must be an integer >= 0`);
+  return value;
+}
+
+function positive(name: string, value: number): number {
+  if (!(value > 0) || !Number.isFinite(value)) throw new RangeError(`${name} must be a finite number > 0`);
+  return value;
+}

@@ -1,0 +1,23 @@
+export {
+  TurnstoreClient,
+  type CallOptions,
+  type EraseUserOptions,
+  type ErasedUser,
+  type HistoryText,
+  type StartTurnInput,
+  type StartedTurn,
+  type TurnContext,
+  type TurnstoreClientOptions,
+} from "./client.js";
+export { chatMessages, type ChatMessage, type ChatMessagesInput } from "./chat.js";
+export {
+  TRANSPORT_FAILURE_STATUS,
+  TurnstoreError,
+  type ClientErrorCode,
+  type ErrorCode,
+  type TurnstoreErrorInit,
+} from "./errors.js";
+export { backoffDelay, type RetryPolicy } from "./retry.js";
+export type * from "./types.js";
+// The generated OpenAPI types, for callers who use openapi-fetch directly.
+export type { components, operations, paths } from "./schema.js";

@@ -1,0 +1,122 @@
+// `npm run check-install`: what a newcomer does, for real. Copies this
+// package as a fresh checkout has it (no node_modules, no dist), runs
+// `npm install <that folder>` in an empty folder, then imports the package
+// there (ESM, CommonJS and TypeScript) and uses it against a real server.
+// Exits non-zero on any failure; keeps the temporary folder for inspection
+// when it fails.
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { npmEnvironment } from "../scripts/npm-env.mjs";
+import { startTurnstore } from "./support/processes.js";
+
+/** Build output and installed modules: what a fresh checkout does not have. */
+const NOT_IN_A_CHECKOUT = new Set(["node_modules", "dist", "dist-test"]);
+
+const packageDir = fileURLToPath(new URL("../", import.meta.url));
+const work = mkdtempSync(join(tmpdir(), "turnstore-client-install-"));
+const checkout = join(work, "checkout", "typescript");
+const consumer = join(work, "consumer");
+
+/** Runs a command and returns its stdout; on failure, the error carries that output. */
+function run(command: string, args: string[], cwd: string, env: NodeJS.ProcessEnv = npmEnvironment()): string {
+  try {
+    return execFileSync(command, args, { cwd, env, encoding: "utf8", stdio: ["ignore", "pipe", "inherit"] });
+  } catch (error) {
+    const stdout = typeof error === "object" && error !== null && "stdout" in error ? String(error.stdout) : "";
+    throw new Error(`${basename(command)} ${args.join(" ")} failed in ${cwd}\n${stdout}`, { cause: error });
+  }
+}
+
+const ESM_SMOKE = `
+import { TurnstoreClient, TurnstoreError, chatMessages } from "turnstore-client";
+const client = new TurnstoreClient({ baseUrl: process.env.TURNSTORE_URL });
+const done = await client.turn(
+  { userQuery: "What is a vector index?", history: { format: "messages" } },
+  (turn) => "An index for vectors (" + chatMessages({ history: turn.history, userQuery: turn.userQuery }).length + ")",
+);
+const text = await client.getHistoryText(done.session_id);
+let code;
+try { await client.getSession("no-such-session"); } catch (error) { code = error instanceof TurnstoreError && error.code; }
+console.log(JSON.stringify({ answer: done.turn.final_answer, text: text.text, code }));
+`;
+
+const CJS_SMOKE = `
+const { TurnstoreClient } = require("turnstore-client");
+console.log(typeof TurnstoreClient);
+`;
+
+const TS_SMOKE = `
+import { TurnstoreClient, type Turn } from "turnstore-client";
+const client = new TurnstoreClient({ baseUrl: "http://127.0.0.1:1" });
+export async function seqs(sessionId: string): Promise<number[]> {
+  const history = await client.getHistory(sessionId, { format: "turns" });
+  return history.turns.map((turn: Turn) => turn.seq);
+}
+`;
+
+/** The TypeScript block of README.md's "A RAG request" section. */
+function readmeExample(): string {
+  const readme = readFileSync(join(packageDir, "README.md"), "utf8");
+  const section = readme.split("\n## A RAG request\n")[1] ?? "";
+  const block = /```ts\n([\s\S]*?)```/.exec(section)?.[1];
+  assert.ok(block, "README.md has no ```ts block under ## A RAG request");
+  // The example reads its key from the environment, as an app would.
+  return `declare const process: { env: Record<string, string | undefined> };\n${block}`;
+}
+
+async function main(): Promise<void> {
+  // 1. A fresh checkout of the package.
+  cpSync(packageDir, checkout, {
+    recursive: true,
+    filter: (source) => !NOT_IN_A_CHECKOUT.has(basename(source)),
+  });
+  assert.ok(!existsSync(join(checkout, "dist")), "the copy must start without dist/");
+
+  // 2. An empty project installs it, with nothing else.
+  mkdirSync(consumer);
+  run("npm", ["install", "--no-audit", "--no-fund", checkout], consumer);
+  assert.ok(existsSync(join(checkout, "dist", "index.js")), "npm install did not build dist/ (prepare)");
+
+  // 3. It imports and works against a real server.
+  const server = await startTurnstore();
+  try {
+    writeFileSync(join(consumer, "smoke.mjs"), ESM_SMOKE);
+    const output = run(process.execPath, ["smoke.mjs"], consumer, {
+      ...process.env,
+      TURNSTORE_URL: server.baseUrl,
+    });
+    assert.deepEqual(JSON.parse(output), {
+      answer: "An index for vectors (1)",
+      text: "### Conversation history:\nUser: What is a vector index?\nAssistant: An index for vectors (1)",
+      code: "session_not_found",
+    });
+  } finally {
+    await server.stop();
+  }
+  writeFileSync(join(consumer, "smoke.cjs"), CJS_SMOKE);
+  assert.equal(run(process.execPath, ["smoke.cjs"], consumer).trim(), "function");
+
+  // 4. Its types resolve for a TypeScript consumer, and the README's example compiles.
+  writeFileSync(join(consumer, "smoke.ts"), TS_SMOKE);
+  writeFileSync(join(consumer, "readme.ts"), readmeExample());
+  const tsc = join(checkout, "node_modules", "typescript", "bin", "tsc");
+  run(
+    process.execPath,
+    [tsc, "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022",
+      "smoke.ts", "readme.ts"],
+    consumer,
+  );
+}
+
+try {
+  await main();
+  rmSync(work, { recursive: true, force: true });
+  console.log("check-install: OK (npm install <folder> from an empty project builds, imports and works)");
+} catch (error) {
+  console.error(`check-install: FAILED; files kept in ${work}`);
+  throw error;
+}
