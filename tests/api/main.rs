@@ -1,4 +1,4 @@
-//! The HTTP conformance suite: every rule of shared/API.md, over HTTP,
+//! The HTTP conformance suite: every rule of the API (docs/API.md), over HTTP,
 //! against each store (`memory::*`, `redis::*`, and `cluster::*` on a real
 //! three-master Redis Cluster). Set TURNSTORE_TEST_REDIS_URL
 //! to run the Redis half against an external Redis.
