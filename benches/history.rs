@@ -36,6 +36,7 @@ fn turns(n: u64) -> Vec<Candidate> {
                 final_answer: Content::whole(ANSWER),
                 costs,
                 recount: false,
+                copies: Default::default(),
             }
         })
         .collect()
@@ -62,6 +63,7 @@ fn options(limit: usize, max_tokens: u32, format: Format, encoding: Encoding) ->
         keep_first: false,
         after_seq: 0,
         through_seq: u64::MAX,
+        english: false,
     }
 }
 

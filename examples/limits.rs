@@ -61,6 +61,7 @@ async fn turn(
                 started_at: now,
                 idempotency_key: key.map(IdempotencyKey::as_str),
                 tokens: q,
+                english: None,
             },
             idempotency: key.map(|k| (k, "bench")),
             history: None,
@@ -74,6 +75,7 @@ async fn turn(
             final_answer: answer.to_owned(),
             finalized_at: now,
             tokens: *a,
+            english: None,
         };
         store
             .finalize_turn(session, id, &end)

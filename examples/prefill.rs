@@ -54,6 +54,7 @@ async fn main() {
                                     started_at: now_millis(),
                                     idempotency_key: None,
                                     tokens: &q_tokens,
+                                    english: None,
                                 },
                                 idempotency: None,
                                 history: None,
@@ -66,6 +67,7 @@ async fn main() {
                             final_answer: ANSWER.trim_end().to_string(),
                             finalized_at: now_millis(),
                             tokens: a_tokens,
+                            english: None,
                         };
                         store
                             .finalize_turn(&session, started.turn_id, &end)

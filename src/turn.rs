@@ -20,6 +20,14 @@ pub fn rfc3339(ms: Millis) -> String {
         .to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
+/// An English copy of a text, made by a pipeline that translates, with its
+/// counts (taken in the same encoding as the original's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct English<T> {
+    pub text: String,
+    pub tokens: T,
+}
+
 /// A started turn. Until finalized it is not in the history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingTurn {
@@ -30,6 +38,7 @@ pub struct PendingTurn {
     /// So that removing the turn also frees its key.
     pub idempotency_key: Option<String>,
     pub tokens: QueryTokens,
+    pub english: Option<English<QueryTokens>>,
 }
 
 /// A pending turn before the store gives it its `seq`.
@@ -40,6 +49,7 @@ pub struct NewPendingTurn<'a> {
     pub started_at: Millis,
     pub idempotency_key: Option<&'a str>,
     pub tokens: &'a QueryTokens,
+    pub english: Option<&'a English<QueryTokens>>,
 }
 
 impl NewPendingTurn<'_> {
@@ -51,6 +61,7 @@ impl NewPendingTurn<'_> {
             started_at: self.started_at,
             idempotency_key: self.idempotency_key.map(str::to_owned),
             tokens: *self.tokens,
+            english: self.english.cloned(),
         }
     }
 }
@@ -61,6 +72,7 @@ pub struct Finalization {
     pub final_answer: String,
     pub finalized_at: Millis,
     pub tokens: AnswerTokens,
+    pub english: Option<English<AnswerTokens>>,
 }
 
 /// A complete turn.
@@ -84,6 +96,42 @@ impl FinalizedTurn {
         )
     }
 
+    /// Whether the turn has an English copy of either text.
+    pub fn is_translated(&self) -> bool {
+        self.start.english.is_some() || self.end.english.is_some()
+    }
+
+    /// The texts `lang=en` renders: the English copies where there are.
+    pub fn english_texts(&self) -> (&str, &str) {
+        (
+            self.start
+                .english
+                .as_ref()
+                .map_or(&self.start.user_query, |e| &e.text),
+            self.end
+                .english
+                .as_ref()
+                .map_or(&self.end.final_answer, |e| &e.text),
+        )
+    }
+
+    /// The costs of what `lang=en` renders.
+    pub fn english_costs(&self) -> TurnCosts {
+        let (query, answer) = self.english_texts();
+        TurnCosts::new(
+            query,
+            self.start
+                .english
+                .as_ref()
+                .map_or(self.start.tokens, |e| e.tokens),
+            answer,
+            self.end
+                .english
+                .as_ref()
+                .map_or(self.end.tokens, |e| e.tokens),
+        )
+    }
+
     pub fn view(&self) -> TurnView {
         TurnView {
             turn_id: self.start.turn_id,
@@ -92,6 +140,8 @@ impl FinalizedTurn {
             final_answer: self.end.final_answer.clone(),
             started_at: self.start.started_at,
             finalized_at: self.end.finalized_at,
+            user_query_en: self.start.english.as_ref().map(|e| e.text.clone()),
+            final_answer_en: self.end.english.as_ref().map(|e| e.text.clone()),
         }
     }
 }
@@ -105,6 +155,10 @@ pub struct TurnView {
     pub final_answer: String,
     pub started_at: Millis,
     pub finalized_at: Millis,
+    /// English copies, when the turn has them (and the texts above are the
+    /// originals).
+    pub user_query_en: Option<String>,
+    pub final_answer_en: Option<String>,
 }
 
 #[cfg(test)]

@@ -6,6 +6,6 @@ mod select;
 
 pub use render::{Message, Role, messages, render_text};
 pub use select::{
-    BudgetState, Candidate, Content, Cost, Format, MESSAGE_OVERHEAD, Options, SelectedTurn,
+    BudgetState, Candidate, Content, Copies, Cost, Format, MESSAGE_OVERHEAD, Options, SelectedTurn,
     Selection, Selector, StoppedBy, TRUNCATION_MARK, needed_bytes, select,
 };

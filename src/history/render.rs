@@ -92,6 +92,7 @@ mod tests {
                 a,
                 AnswerTokens::count(enc, a),
             ),
+            copies: Default::default(),
         }
     }
 
@@ -107,6 +108,7 @@ mod tests {
             keep_first: false,
             after_seq: 0,
             through_seq: u64::MAX,
+            english: false,
         }
     }
 
@@ -357,7 +359,8 @@ mod tests {
             let turns: Vec<_> = pairs.iter().enumerate()
                 .map(|(i, (q, a))| stored_in(stored, i as u64 + 1, q, a)).collect();
             let o = Options { limit, max_tokens, max_bytes, format, encoding, max_query_chars,
-                              max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX };
+                              max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX,
+                              english: false };
             let s = pick(&turns, &o);
             prop_assert!(s.token_count <= max_tokens);
             prop_assert!(s.bytes <= max_bytes);

@@ -70,6 +70,8 @@ pub struct Options {
     /// Candidates are the finalized turns with `after_seq < seq <= through_seq`.
     pub after_seq: u64,
     pub through_seq: u64,
+    /// Render the English copies of turns that have them (`lang=en`).
+    pub english: bool,
 }
 
 /// A text as a read sees it: whole, or only its beginning when the read
@@ -142,6 +144,16 @@ pub struct Candidate {
     /// The stored counts may be short (recorded under a retired rule, see
     /// [`crate::tokens::Encoding::code`]): they are taken again.
     pub recount: bool,
+    /// English copies to show beside the texts (a `turns` read of the
+    /// originals); not rendered, so not counted.
+    pub copies: Copies,
+}
+
+/// The English copies a candidate carries, as the read needs them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Copies {
+    pub user_query: Option<Content>,
+    pub final_answer: Option<Content>,
 }
 
 /// A turn as it goes into the history: its contents may be truncated.
@@ -366,6 +378,12 @@ impl Selector {
         };
         let bytes = (user_query.len() + final_answer.len()) as u64;
         let cost = Cost::of(self.opts.format, &q, &a, bytes);
+        let copy = |c: Option<Content>, max| c.map(|c| truncate(c, max));
+        let query_en = copy(c.copies.user_query, self.opts.max_query_chars);
+        let answer_en = copy(c.copies.final_answer, self.opts.max_answer_chars);
+        let copy_cut = [&query_en, &answer_en]
+            .iter()
+            .any(|c| c.as_ref().is_some_and(|(_, cut)| *cut));
         let turn = SelectedTurn {
             turn: TurnView {
                 turn_id: c.turn_id,
@@ -374,8 +392,10 @@ impl Selector {
                 finalized_at: c.finalized_at,
                 user_query,
                 final_answer,
+                user_query_en: query_en.map(|(t, _)| t),
+                final_answer_en: answer_en.map(|(t, _)| t),
             },
-            truncated: query_cut || answer_cut,
+            truncated: query_cut || answer_cut || copy_cut,
         };
         (turn, cost)
     }

@@ -69,6 +69,16 @@ pub struct HistoryParams {
     pub after_seq: Option<u64>,
     /// Only turns with `seq` up to this are candidates (range reads).
     pub through_seq: Option<u64>,
+    /// `en`: render the English copies of the turns that have them
+    /// (`user_query_en`, `final_answer_en`), the originals elsewhere.
+    pub lang: Option<Language>,
+}
+
+/// The language of a rendering: `en` for the English copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    En,
 }
 
 impl HistoryParams {
@@ -124,6 +134,7 @@ impl HistoryParams {
             keep_first: self.keep_first.unwrap_or(false),
             after_seq: self.after_seq.unwrap_or(0),
             through_seq: self.through_seq.unwrap_or(u64::MAX),
+            english: self.lang == Some(Language::En),
         })
     }
 }
@@ -163,6 +174,15 @@ pub struct Turn {
     /// A content was cut by `max_query_chars`/`max_answer_chars` (the
     /// stored turn is whole).
     pub truncated: bool,
+    /// The English copy of the question, when the turn has one (in a
+    /// `lang=en` history, `user_query` holds it instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub user_query_en: Option<String>,
+    /// The English copy of the answer, likewise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub final_answer_en: Option<String>,
 }
 
 impl From<TurnView> for Turn {
@@ -175,6 +195,8 @@ impl From<TurnView> for Turn {
             started_at: rfc3339(t.started_at),
             finalized_at: rfc3339(t.finalized_at),
             truncated: false,
+            user_query_en: t.user_query_en,
+            final_answer_en: t.final_answer_en,
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, U
 use crate::history::Options;
 use crate::store::{Finalized, StartTurn};
 use crate::tokens::{AnswerTokens, QueryTokens};
-use crate::turn::{Finalization, NewPendingTurn, now_millis, rfc3339};
+use crate::turn::{English, Finalization, NewPendingTurn, TurnView, now_millis, rfc3339};
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -46,6 +46,11 @@ pub struct StartTurnRequest {
     /// `TURNSTORE_MAX_QUERY_BYTES` bytes of UTF-8 (413).
     #[schema(min_length = 1)]
     pub user_query: String,
+    /// An English copy of the question (a pipeline that translates keeps
+    /// it here); `lang=en` histories render it. Same limits as
+    /// `user_query` (`null` is the same as absent).
+    #[schema(min_length = 1)]
+    pub user_query_en: Option<String>,
     /// Also return the history as it stood before this turn (`null` is
     /// the same as absent).
     pub history: Option<HistoryParams>,
@@ -99,6 +104,11 @@ pub struct FinalizeTurnRequest {
     /// instead), at most `TURNSTORE_MAX_ANSWER_BYTES` bytes of UTF-8 (413).
     #[schema(min_length = 1)]
     pub final_answer: String,
+    /// An English copy of the answer; `lang=en` histories render it. Same
+    /// limits as `final_answer`. A retry must repeat it to be the same
+    /// finalize (`null` is the same as absent).
+    #[schema(min_length = 1)]
+    pub final_answer_en: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -131,6 +141,17 @@ fn text<T>(name: &str, r: Result<T, TextError>) -> Result<Valid<T>, ApiError> {
     }
 }
 
+/// An optional text, like [`text`].
+fn optional_text<T>(
+    name: &str,
+    r: Option<Result<T, TextError>>,
+) -> Result<Valid<Option<T>>, ApiError> {
+    match r {
+        None => Ok(Ok(None)),
+        Some(r) => Ok(text(name, r)?.map(Some)),
+    }
+}
+
 /// A start_turn request, validated.
 struct Start {
     session_id: SessionId,
@@ -138,6 +159,7 @@ struct Start {
     new_session: bool,
     user_id: Option<UserId>,
     query: UserQuery,
+    query_en: Option<UserQuery>,
     /// The key and the hash of the request it stands for.
     idempotency: Option<(IdempotencyKey, String)>,
     history: Option<Options>,
@@ -153,13 +175,20 @@ impl Start {
             "user_query",
             UserQuery::parse(body.user_query.clone(), settings.max_query_bytes),
         )?;
+        let query_en = optional_text(
+            "user_query_en",
+            body.user_query_en
+                .clone()
+                .map(|q| UserQuery::parse(q, settings.max_query_bytes)),
+        )?;
         let key = headers.get(IDEMPOTENCY_KEY).map(|v| {
             v.to_str()
                 .map_err(|_| "must be visible ASCII")
                 .and_then(IdempotencyKey::parse)
         });
-        let (query, session_id, user_id, key, (), history) = (
+        let (query, query_en, session_id, user_id, key, (), history) = (
             query,
+            query_en,
             optional("session_id", body.session_id.as_deref().map(SessionId::parse)),
             optional(
                 "user_id",
@@ -186,6 +215,7 @@ impl Start {
             user_id,
             idempotency: key.map(|k| (k, request_hash(&body))),
             query,
+            query_en,
             history,
         })
     }
@@ -219,11 +249,23 @@ pub async fn start_turn(
 ) -> Result<Response, ApiError> {
     let start = Start::parse(body, &headers, &app.settings)?;
     let turn_id = TurnId::generate();
-    let long = start.query.as_str().len() > COUNT_INLINE_BYTES;
+    let texts = (start.query, start.query_en);
+    let long = texts.0.as_str().len() + texts.1.as_ref().map_or(0, |q| q.as_str().len())
+        > COUNT_INLINE_BYTES;
     let encoding = app.settings.encoding;
-    let (query, tokens) = counted(start.query, long, move |q: &UserQuery| {
-        QueryTokens::count(encoding, q.as_str())
-    })
+    let ((query, _), (tokens, english)) = counted(
+        texts,
+        long,
+        move |(q, en): &(UserQuery, Option<UserQuery>)| {
+            (
+                QueryTokens::count(encoding, q.as_str()),
+                en.as_ref().map(|en| English {
+                    text: en.as_str().to_owned(),
+                    tokens: QueryTokens::count(encoding, en.as_str()),
+                }),
+            )
+        },
+    )
     .await;
     let key = start.idempotency.as_ref();
     let started = app
@@ -237,6 +279,7 @@ pub async fn start_turn(
                 started_at: now_millis(),
                 idempotency_key: key.map(|(k, _)| k.as_str()),
                 tokens: &tokens,
+                english: english.as_ref(),
             },
             idempotency: key.map(|(k, hash)| (k, hash.as_str())),
             history: start.history.as_ref(),
@@ -283,6 +326,7 @@ struct Finalize {
     session: SessionId,
     turn: TurnId,
     answer: FinalAnswer,
+    answer_en: Option<FinalAnswer>,
 }
 
 impl Finalize {
@@ -295,12 +339,18 @@ impl Finalize {
             "final_answer",
             FinalAnswer::parse(body.final_answer, settings.max_answer_bytes),
         )?;
+        let answer_en = optional_text(
+            "final_answer_en",
+            body.final_answer_en
+                .map(|a| FinalAnswer::parse(a, settings.max_answer_bytes)),
+        )?;
         let (session, turn) = path.ids();
-        let (answer, session, turn) = (answer, session, turn).all()?;
+        let (answer, answer_en, session, turn) = (answer, answer_en, session, turn).all()?;
         Ok(Finalize {
             session,
             turn,
             answer,
+            answer_en,
         })
     }
 }
@@ -330,24 +380,42 @@ pub async fn finalize_turn(
         session,
         turn,
         answer,
+        answer_en,
     } = Finalize::parse(&path, body, &app.settings)?;
-    let long = answer.as_str().len() > COUNT_INLINE_BYTES;
+    let texts = (answer, answer_en);
+    let long = texts.0.as_str().len() + texts.1.as_ref().map_or(0, |a| a.as_str().len())
+        > COUNT_INLINE_BYTES;
     let encoding = app.settings.encoding;
-    let (answer, tokens) = counted(answer, long, move |a: &FinalAnswer| {
-        AnswerTokens::count(encoding, a.as_str())
-    })
+    let ((answer, _), (tokens, english)) = counted(
+        texts,
+        long,
+        move |(a, en): &(FinalAnswer, Option<FinalAnswer>)| {
+            (
+                AnswerTokens::count(encoding, a.as_str()),
+                en.as_ref().map(|en| English {
+                    text: en.as_str().to_owned(),
+                    tokens: AnswerTokens::count(encoding, en.as_str()),
+                }),
+            )
+        },
+    )
     .await;
     let end = Finalization {
         tokens,
         final_answer: answer.into_string(),
         finalized_at: now_millis(),
+        english,
+    };
+    let same = |t: &TurnView| {
+        t.final_answer == end.final_answer
+            && t.final_answer_en.as_deref() == end.english.as_ref().map(|e| e.text.as_str())
     };
     let done = match app.store.finalize_turn(&session, turn, &end).await? {
         Finalized::Now(t) => {
             app.metrics.turn_finalized();
             t
         }
-        Finalized::Already(t) if t.final_answer == end.final_answer => t,
+        Finalized::Already(t) if same(&t) => t,
         Finalized::Already(_) => return Err(ProblemCode::TurnAlreadyFinalized.into()),
     };
     Ok(Json(FinalizeTurnResponse {

@@ -14,7 +14,7 @@ use super::{
     SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Candidate, Content, Options, Selector};
+use crate::history::{Candidate, Content, Copies, Format, Options, Selector};
 use crate::store::counting::offer_all;
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
 
@@ -190,17 +190,40 @@ fn rendered_at_least(c: &Content, max_chars: Option<usize>) -> usize {
     max_chars.map_or(c.text.len(), |m| c.text.len().min(m))
 }
 
-/// A stored turn as a read sees it: no more of its contents than it needs.
+/// A stored turn as a read sees it: no more of its contents than it needs;
+/// with `lang=en`, the English copies where it has them; in a `turns` read
+/// of the originals, the copies beside them.
 fn candidate(t: &FinalizedTurn, read: &Options) -> Candidate {
+    let (q_max, a_max) = (read.max_query_chars, read.max_answer_chars);
+    let (query, answer, costs, copies) = if read.english {
+        let (query, answer) = t.english_texts();
+        (query, answer, t.english_costs(), Copies::default())
+    } else {
+        let copy = |e: Option<&String>, max| e.map(|e| Content::for_read(e, max));
+        let copies = match read.format {
+            Format::Turns => Copies {
+                user_query: copy(t.start.english.as_ref().map(|e| &e.text), q_max),
+                final_answer: copy(t.end.english.as_ref().map(|e| &e.text), a_max),
+            },
+            Format::Text | Format::Messages => Copies::default(),
+        };
+        (
+            t.start.user_query.as_str(),
+            t.end.final_answer.as_str(),
+            t.costs(),
+            copies,
+        )
+    };
     Candidate {
         turn_id: t.start.turn_id,
         seq: t.seq(),
         started_at: t.start.started_at,
         finalized_at: t.end.finalized_at,
-        user_query: Content::for_read(&t.start.user_query, read.max_query_chars),
-        final_answer: Content::for_read(&t.end.final_answer, read.max_answer_chars),
-        costs: t.costs(),
+        user_query: Content::for_read(query, q_max),
+        final_answer: Content::for_read(answer, a_max),
+        costs,
         recount: false,
+        copies,
     }
 }
 

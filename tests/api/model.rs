@@ -15,7 +15,7 @@ use turnstore::history::{Format, MESSAGE_OVERHEAD, Options, Selection, messages,
 use turnstore::metrics::Metrics;
 use turnstore::store::{Limits, MemoryStore, StartTurn, Store, StoreError};
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens};
-use turnstore::turn::{Finalization, Millis, NewPendingTurn};
+use turnstore::turn::{English, Finalization, Millis, NewPendingTurn};
 use turnstore::{Settings, app};
 
 use crate::harness::{Redis, RedisCluster};
@@ -63,6 +63,7 @@ struct Read {
     keep_first: bool,
     after_seq: u64,
     through_seq: Option<u64>,
+    english: bool,
 }
 
 impl Read {
@@ -78,6 +79,7 @@ impl Read {
             keep_first: self.keep_first,
             after_seq: self.after_seq,
             through_seq: self.through_seq.unwrap_or(u64::MAX),
+            english: self.english,
         }
     }
 }
@@ -89,12 +91,15 @@ enum Op {
         user: Option<usize>,
         key: Option<usize>,
         text: usize,
+        /// The English copy's text, if any.
+        english: Option<usize>,
         read: Option<Read>,
     },
     Finalize {
         session: usize,
         turn: usize,
         text: usize,
+        english: Option<usize>,
     },
     Delete {
         session: usize,
@@ -138,12 +143,13 @@ fn read() -> impl Strategy<Value = Read> {
             any::<bool>(),
             0u64..4,
             proptest::option::of(0u64..8),
+            any::<bool>(),
         ),
     )
         .prop_map(
             |(
                 (limit, max_tokens, max_bytes, format, encoding),
-                (max_query_chars, max_answer_chars, keep_first, after_seq, through_seq),
+                (max_query_chars, max_answer_chars, keep_first, after_seq, through_seq, english),
             )| Read {
                 limit,
                 max_tokens,
@@ -155,18 +161,25 @@ fn read() -> impl Strategy<Value = Read> {
                 keep_first,
                 after_seq,
                 through_seq,
+                english,
             },
         )
+}
+
+/// An English copy now and then.
+fn english() -> impl Strategy<Value = Option<usize>> {
+    prop_oneof![2 => Just(None), 1 => (0..TEXT_COUNT).prop_map(Some)]
 }
 
 fn op() -> impl Strategy<Value = Op> {
     let s = 0..SESSIONS;
     prop_oneof![
         6 => (s.clone(), proptest::option::of(0..USERS), proptest::option::of(0usize..2),
-              0..TEXT_COUNT, proptest::option::of(read()))
-            .prop_map(|(session, user, key, text, read)| Op::Start { session, user, key, text, read }),
-        6 => (s.clone(), 0usize..8, 0..TEXT_COUNT)
-            .prop_map(|(session, turn, text)| Op::Finalize { session, turn, text }),
+              0..TEXT_COUNT, english(), proptest::option::of(read()))
+            .prop_map(|(session, user, key, text, english, read)|
+                Op::Start { session, user, key, text, english, read }),
+        6 => (s.clone(), 0usize..8, 0..TEXT_COUNT, english())
+            .prop_map(|(session, turn, text, english)| Op::Finalize { session, turn, text, english }),
         1 => (s.clone(), 0usize..8).prop_map(|(session, turn)| Op::Delete { session, turn }),
         4 => (s.clone(), read()).prop_map(|(session, read)| Op::History { session, read }),
         1 => s.clone().prop_map(|session| Op::Info { session }),
@@ -242,14 +255,19 @@ impl Pair {
                 user,
                 key,
                 text,
+                english,
                 read,
             } => {
                 let turn_id = TurnId::generate();
                 let query = self.texts[*text].clone();
                 let query = query.as_str();
                 let tokens = QueryTokens::count(self.encoding, query);
+                let english = english.map(|e| English {
+                    text: self.texts[e].clone(),
+                    tokens: QueryTokens::count(self.encoding, &self.texts[e]),
+                });
                 let key = key.map(|k| IdempotencyKey::parse(format!("k{k}")).unwrap());
-                let hash = format!("h{text}");
+                let hash = format!("h{text}-{english:?}");
                 let options = read.as_ref().map(Read::options);
                 let start = || StartTurn {
                     session_id: &self.sessions[*session],
@@ -260,6 +278,7 @@ impl Pair {
                         started_at: now,
                         idempotency_key: key.as_ref().map(IdempotencyKey::as_str),
                         tokens: &tokens,
+                        english: english.as_ref(),
                     },
                     idempotency: key.as_ref().map(|k| (k, hash.as_str())),
                     history: options.as_ref(),
@@ -279,6 +298,7 @@ impl Pair {
                 session,
                 turn,
                 text,
+                english,
             } => {
                 let Some(turn) = self.pick(*session, *turn) else {
                     return (String::new(), String::new());
@@ -289,6 +309,10 @@ impl Pair {
                     final_answer: answer.to_owned(),
                     finalized_at: now,
                     tokens: AnswerTokens::count(self.encoding, answer),
+                    english: english.map(|e| English {
+                        text: self.texts[e].clone(),
+                        tokens: AnswerTokens::count(self.encoding, &self.texts[e]),
+                    }),
                 };
                 let s = &self.sessions[*session];
                 (
@@ -461,11 +485,13 @@ fn memory_and_redis_agree_at_every_budget() {
         // The long texts first (oldest), so that budgets up to a few
         // hundred tokens take several of the newer turns.
         for (turn, text) in (0..TEXT_COUNT).rev().enumerate() {
+            // Some turns have English copies, of either text or both.
             let start = Op::Start {
                 session: 0,
                 user: None,
                 key: None,
                 text,
+                english: (turn % 3 == 0).then_some((text + 5) % TEXT_COUNT),
                 read: None,
             };
             pair.apply(&start).await;
@@ -473,12 +499,15 @@ fn memory_and_redis_agree_at_every_budget() {
                 session: 0,
                 turn,
                 text: (text + 3) % TEXT_COUNT,
+                english: (turn % 2 == 0).then_some((text + 7) % TEXT_COUNT),
             };
             let (m, r) = pair.apply(&finalize).await;
             assert_eq!(m, r, "{text:?}");
         }
         for format in [Format::Text, Format::Messages, Format::Turns] {
-            for keep_first in [false, true] {
+            for (keep_first, english) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
                 for max_tokens in 0..=320 {
                     let read = Read {
                         limit: 10,
@@ -491,6 +520,7 @@ fn memory_and_redis_agree_at_every_budget() {
                         keep_first,
                         after_seq: 0,
                         through_seq: None,
+                        english,
                     };
                     // Also with turns the walk must hand over for counting:
                     // truncated, or in another encoding.

@@ -200,6 +200,7 @@ async fn fill(app: &TestApp, session: &str, n: usize, query: &str, answer: &str)
                             started_at: now,
                             idempotency_key: None,
                             tokens: &q,
+                            english: None,
                         },
                         idempotency: None,
                         history: None,
@@ -211,6 +212,7 @@ async fn fill(app: &TestApp, session: &str, n: usize, query: &str, answer: &str)
                         final_answer: answer.clone(),
                         finalized_at: now,
                         tokens: a,
+                        english: None,
                     };
                     store.finalize_turn(&session, id, &end).await.unwrap();
                 }

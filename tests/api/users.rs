@@ -174,6 +174,7 @@ async fn start_owned(store: &Arc<dyn Store>, session: &SessionId, user: &UserId)
                 started_at: now,
                 idempotency_key: None,
                 tokens: &tokens,
+                english: None,
             },
             idempotency: None,
             history: None,

@@ -29,6 +29,7 @@ fn pending(seq: u64, q: &str, at: i64) -> PendingTurn {
         started_at: at,
         idempotency_key: None,
         tokens: QueryTokens::count(Encoding::O200kBase, q),
+        english: None,
     }
 }
 
@@ -39,6 +40,7 @@ fn finalized(seq: u64, q: &str, a: &str, at: i64) -> FinalizedTurn {
             final_answer: a.into(),
             finalized_at: at + 1,
             tokens: AnswerTokens::count(Encoding::O200kBase, a),
+            english: None,
         },
     }
 }
@@ -156,9 +158,10 @@ async fn layout_1_data_is_migrated_and_served() {
         "0002_short_session_keys: 1001 sessions, 1005 keys moved, 0 conflicts\n\
          0003_compact_turn_records: 1001 sessions, 3 records rewritten, 0 conflicts\n\
          0004_budget_without_loading: 1001 sessions, 3 records rewritten, 0 conflicts\n\
-         layout 1 -> 4"
+         0005_sums_and_english_copies: 1001 sessions, 1 sums written, 0 conflicts\n\
+         layout 1 -> 5"
     );
-    assert_eq!(out(&again).trim(), "layout 4 -> 4");
+    assert_eq!(out(&again).trim(), "layout 5 -> 5");
     let stored = redis.cli(&["HGETALL", "turnstore:{legacy-1}:r"]);
     assert!(
         stored.contains(r#"Not {"id":"x","n":{"e":"o200k_base","q":1}}."#),
@@ -309,7 +312,8 @@ fn migrate_scans_every_master_of_a_cluster() {
         "0002_short_session_keys: 30 sessions, 30 keys moved, 0 conflicts\n\
          0003_compact_turn_records: 30 sessions, 0 records rewritten, 0 conflicts\n\
          0004_budget_without_loading: 30 sessions, 0 records rewritten, 0 conflicts\n\
-         layout 1 -> 4"
+         0005_sums_and_english_copies: 30 sessions, 0 sums written, 0 conflicts\n\
+         layout 1 -> 5"
     );
     for s in &sessions {
         let key = format!("turnstore:{{{s}}}:h");
@@ -449,7 +453,8 @@ async fn layout_3_data_is_migrated_and_served() {
     assert_eq!(
         stdout.trim(),
         "0004_budget_without_loading: 3 sessions, 305 records rewritten, 0 conflicts\n\
-         layout 3 -> 4"
+         0005_sums_and_english_copies: 3 sessions, 3 sums written, 0 conflicts\n\
+         layout 3 -> 5"
     );
     assert_eq!(redis.cli(&["EXISTS", "turnstore:user:l3-user"]).trim(), "0");
     assert_eq!(redis.cli(&["EXISTS", "turnstore:{l3-big}:o"]).trim(), "0");

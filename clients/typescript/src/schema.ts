@@ -252,6 +252,12 @@ export interface components {
              *     instead), at most `TURNSTORE_MAX_ANSWER_BYTES` bytes of UTF-8 (413).
              */
             final_answer: string;
+            /**
+             * @description An English copy of the answer; `lang=en` histories render it. Same
+             *     limits as `final_answer`. A retry must repeat it to be the same
+             *     finalize (`null` is the same as absent).
+             */
+            final_answer_en?: string | null;
         };
         /**
          * @example {
@@ -338,6 +344,7 @@ export interface components {
              * @description Only turns with `seq` up to this are candidates (range reads).
              */
             through_seq?: number | null;
+            lang?: components["schemas"]["Language"] | null;
         };
         /**
          * @description The history, budgeted and rendered in one format.
@@ -397,6 +404,11 @@ export interface components {
          * @example start-7f3e9c1a
          */
         IdempotencyKey: string;
+        /**
+         * @description The language of a rendering: `en` for the English copies.
+         * @enum {string}
+         */
+        Language: "en";
         /**
          * @description One message of the `messages` rendering, as chat APIs take it.
          * @example {
@@ -526,6 +538,12 @@ export interface components {
              *     `TURNSTORE_MAX_QUERY_BYTES` bytes of UTF-8 (413).
              */
             user_query: string;
+            /**
+             * @description An English copy of the question (a pipeline that translates keeps
+             *     it here); `lang=en` histories render it. Same limits as
+             *     `user_query` (`null` is the same as absent).
+             */
+            user_query_en?: string | null;
             history?: components["schemas"]["HistoryParams"] | null;
         };
         /**
@@ -600,6 +618,13 @@ export interface components {
              *     stored turn is whole).
              */
             truncated: boolean;
+            /**
+             * @description The English copy of the question, when the turn has one (in a
+             *     `lang=en` history, `user_query` holds it instead).
+             */
+            user_query_en?: string;
+            /** @description The English copy of the answer, likewise. */
+            final_answer_en?: string;
         };
         /**
          * Format: uuid
@@ -919,6 +944,11 @@ export interface operations {
                 after_seq?: number;
                 /** @description Only turns with `seq` up to this are candidates (range reads). */
                 through_seq?: number;
+                /**
+                 * @description `en`: render the English copies of the turns that have them
+                 *     (`user_query_en`, `final_answer_en`), the originals elsewhere.
+                 */
+                lang?: components["schemas"]["Language"];
             };
             header?: never;
             path: {

@@ -1,4 +1,4 @@
-//! Every key name of the Redis store (layout 4; older layouts' names are in
+//! Every key name of the Redis store (layout 5; older layouts' names are in
 //! `layout.rs`, for the migrations).
 
 use super::layout::session_suffixes;

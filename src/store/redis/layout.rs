@@ -10,14 +10,15 @@ use crate::store::{INDEX_SKEW, StoreError, ms};
 use crate::turn::now_millis;
 
 /// The layout this build reads and writes.
-pub const LAYOUT: u32 = 4;
+pub const LAYOUT: u32 = 5;
 
 /// Key suffixes of a session's keys, per layout (index = layout - 1); the
 /// first is the meta key, which every session has.
-const SUFFIXES: [&[&str]; 4] = [
+const SUFFIXES: [&[&str]; 5] = [
     &["meta", "turns", "order", "pending", "deadlines", "idem"],
     &["m", "t", "o", "p", "d", "i"],
     &["m", "t", "o", "p", "d", "i"],
+    &["h", "r", "s"],
     &["h", "r", "s"],
 ];
 
@@ -34,6 +35,9 @@ enum Run {
     /// indexing the owner before the session is finished; then the old
     /// user indexes are dropped.
     Paged,
+    /// Page by page over the finalized turns (`{'more', last seq}` until
+    /// `{'done', changes}`, see migration 0005).
+    Pages,
 }
 
 struct Migration {
@@ -67,6 +71,13 @@ const MIGRATIONS: &[Migration] = &[
         changes: "records rewritten",
         script: include_str!("../../../migrations/0004_budget_without_loading.lua"),
         run: Run::Paged,
+    },
+    Migration {
+        to: 5,
+        name: "0005_sums_and_english_copies",
+        changes: "sums written",
+        script: include_str!("../../../migrations/0005_sums_and_english_copies.lua"),
+        run: Run::Pages,
     },
 ];
 
@@ -304,6 +315,7 @@ impl RedisStore {
                     let (changes, conflicts) = match m.run {
                         Run::Once => self.migrate_once(&script, &keys).await?,
                         Run::Paged => (self.migrate_paged(&script, &keys, session).await?, 0),
+                        Run::Pages => (self.migrate_pages(&script, &keys).await?, 0),
                     };
                     report.sessions += 1;
                     report.changes.0 += changes;
@@ -369,6 +381,24 @@ impl RedisStore {
                     finish = true;
                 }
                 _ => return Ok(changes),
+            }
+        }
+    }
+
+    /// Runs a migration over a session's finalized turns a page a call.
+    async fn migrate_pages(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+    ) -> Result<u64, StoreError> {
+        let mut after = "0".to_owned();
+        loop {
+            let (status, next): (String, String) = self
+                .invoke(script, keys, super::scripts::args![after.as_str()])
+                .await?;
+            match status.as_str() {
+                "more" => after = next,
+                _ => return Ok(next.parse().unwrap_or(0)),
             }
         }
     }

@@ -38,7 +38,7 @@ pub(super) fn walk_args(
     let (newest_inner, newest_last) = s
         .newest
         .map_or((-1.0, 0.0), |(i, l)| (f64::from(i), f64::from(l)));
-    let mut out = Vec::with_capacity(12 * 8 + 4);
+    let mut out = Vec::with_capacity(12 * 8 + 6);
     pack(
         &mut out,
         &[
@@ -60,6 +60,8 @@ pub(super) fn walk_args(
     out.push(u8::from(o.format != Format::Messages));
     out.push(u8::from(keep_first));
     out.push(u8::from(s.newest_may_change));
+    out.push(u8::from(o.english));
+    out.push(u8::from(!o.english && o.format == Format::Turns));
     out
 }
 
@@ -83,7 +85,8 @@ pub(super) enum PageEnd {
 }
 
 impl Page {
-    pub fn parse(v: Value) -> Result<Self, StoreError> {
+    /// `english`: the read renders English copies (`lang=en`).
+    pub fn parse(v: Value, english: bool) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         let status = r.string()?;
         let reason = r.string()?;
@@ -91,9 +94,9 @@ impl Page {
         let total = r.uint()?;
         let first = match r.next()? {
             Value::Nil => None,
-            v => candidates(Reply::array(v)?)?.pop(),
+            v => candidates(Reply::array(v)?, english)?.pop(),
         };
-        let entries = candidates(Reply::array(r.next()?)?)?;
+        let entries = candidates(Reply::array(r.next()?)?, english)?;
         let status = match status.as_str() {
             "done" => PageEnd::Done,
             "more" if !entries.is_empty() => PageEnd::More(next),
@@ -120,24 +123,31 @@ struct HistoryReply {
 }
 
 impl HistoryReply {
-    fn parse(v: Value) -> Result<Self, StoreError> {
+    fn parse(v: Value, english: bool) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         Ok(HistoryReply {
             owner: r.owner()?,
             pending_turns: r.uint()?,
-            page: Page::parse(r.next()?)?,
+            page: Page::parse(r.next()?, english)?,
         })
     }
 }
 
-/// Flat `member, record, tail or false` triples.
-fn candidates(mut r: Reply) -> Result<Vec<Candidate>, StoreError> {
+/// Flat `member, record, tail or false, English copies or false` entries.
+fn candidates(mut r: Reply, english: bool) -> Result<Vec<Candidate>, StoreError> {
     let mut out = Vec::new();
     while let Ok(member) = r.next() {
         let member = Reply::bytes_of(member)?;
         let rec = r.bytes()?;
         let tail = Reply::opt_bytes_of(r.next()?)?;
-        out.push(record::candidate(&member, &rec, tail.as_deref())?);
+        let en = Reply::opt_bytes_of(r.next()?)?;
+        out.push(record::candidate(
+            &member,
+            &rec,
+            tail.as_deref(),
+            en.as_deref(),
+            english,
+        )?);
     }
     Ok(out)
 }
@@ -178,7 +188,7 @@ impl RedisStore {
                         // The session went away between the pages.
                         return Ok((sel, total));
                     }
-                    page = HistoryReply::parse(v)?.page;
+                    page = HistoryReply::parse(v, sel.options().english)?.page;
                 }
             }
         }
@@ -201,7 +211,7 @@ impl RedisStore {
                 ..StoredHistory::default()
             });
         }
-        let reply = HistoryReply::parse(v)?;
+        let reply = HistoryReply::parse(v, read.english)?;
         let (sel, total_turns) = self.select_pages(session, sel, reply.page, now).await?;
         Ok(StoredHistory {
             user_id: reply.owner,

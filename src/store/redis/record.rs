@@ -1,12 +1,12 @@
-//! The byte formats of layout 4, as `lua/common.lua` describes them: turn
-//! records (a header line, then the texts unescaped) and the members of the
-//! turns zset (a turn id and its costs).
+//! The byte formats of layout 5, as `lua/common.lua` describes them: turn
+//! records (a header line, then the texts unescaped), English copies, and
+//! the members of the turns zset (a turn id and its costs).
 
 use std::str::FromStr;
 
 use super::reply::corrupt;
 use crate::domain::TurnId;
-use crate::history::{Candidate, Content};
+use crate::history::{Candidate, Content, Copies};
 use crate::store::StoreError;
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 use crate::turn::{Millis, NewPendingTurn, TurnView};
@@ -15,6 +15,8 @@ use crate::turn::{Millis, NewPendingTurn, TurnView};
 pub const ID_LEN: usize = 16;
 /// `>c1c1I4I4I4I4I4I4I4` after the id.
 const MEMBER_LEN: usize = ID_LEN + 2 + 7 * 4;
+/// A translated turn's member: `>BI4I4I4I4I4I4I4` more.
+const EN_MEMBER_LEN: usize = MEMBER_LEN + 1 + 7 * 4;
 
 pub fn id_bytes(id: &TurnId) -> Vec<u8> {
     id.as_uuid().as_bytes().to_vec()
@@ -43,6 +45,48 @@ pub fn pending_tail(turn: &NewPendingTurn<'_>) -> Vec<u8> {
     out.extend_from_slice(head.as_bytes());
     out.extend_from_slice(turn.user_query.as_bytes());
     out
+}
+
+/// The question's English copy as a pending turn keeps it, for the start
+/// script: `"<q> <u>\n<copy>"`, or nothing.
+pub fn pending_english(turn: &NewPendingTurn<'_>) -> Vec<u8> {
+    let Some(e) = turn.english else {
+        return Vec::new();
+    };
+    let mut out = format!("{} {}\n", e.tokens.query, e.tokens.user_line).into_bytes();
+    out.extend_from_slice(e.text.as_bytes());
+    out
+}
+
+/// A finalized turn's English copies: `"<question copy bytes or -> <answer
+/// copy bytes or ->\n<question copy><answer copy>"`.
+pub struct EnglishCopies {
+    pub query: Option<String>,
+    pub answer: Option<String>,
+}
+
+pub fn english(bytes: &[u8]) -> Result<EnglishCopies, StoreError> {
+    let bad = || corrupt("a turn's English copies are malformed");
+    let nl = bytes.iter().position(|b| *b == b'\n').ok_or_else(bad)?;
+    let header = std::str::from_utf8(&bytes[..nl]).map_err(|_| bad())?;
+    let (q, a) = header.split_once(' ').ok_or_else(bad)?;
+    let size = |s: &str| -> Result<Option<usize>, StoreError> {
+        match s {
+            "-" => Ok(None),
+            n => n.parse().map(Some).map_err(|_| bad()),
+        }
+    };
+    let (q, a) = (size(q)?, size(a)?);
+    let texts = &bytes[nl + 1..];
+    let qn = q.unwrap_or(0);
+    if qn + a.unwrap_or(0) != texts.len() {
+        return Err(bad());
+    }
+    let (query, answer) = texts.split_at(qn);
+    Ok(EnglishCopies {
+        query: q.map(|_| text(query)).transpose()?,
+        answer: a.map(|_| text(answer)).transpose()?,
+    })
 }
 
 /// The header of a finalized record and its texts.
@@ -91,8 +135,10 @@ fn text(bytes: &[u8]) -> Result<String, StoreError> {
 }
 
 /// A finalized turn whole, as finalize answers it.
-pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
+pub fn view(id: TurnId, rec: &[u8], en: Option<&[u8]>) -> Result<TurnView, StoreError> {
     let f = finalized(rec)?;
+    let copies = en.map(english).transpose()?;
+    let (user_query_en, final_answer_en) = copies.map_or((None, None), |c| (c.query, c.answer));
     Ok(TurnView {
         turn_id: id,
         seq: f.seq,
@@ -100,15 +146,26 @@ pub fn view(id: TurnId, rec: &[u8]) -> Result<TurnView, StoreError> {
         final_answer: text(f.answer)?,
         started_at: f.started_at,
         finalized_at: f.finalized_at,
+        user_query_en,
+        final_answer_en,
     })
 }
 
-/// A member of the turns zset: the turn id and its costs, and for each of
-/// the question's and the answer's counts whether it was recorded under a
-/// retired letter (see [`Encoding::code`]) and must be taken again (the
-/// walk hands such turns over: their letters are not the read's).
-pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts, [bool; 2]), StoreError> {
-    if bytes.len() != MEMBER_LEN {
+/// A member of the turns zset: the turn id, its costs, the costs of what
+/// `lang=en` renders (a translated turn: which copies it has, 1 the
+/// question's, 2 the answer's), and for each of the question's and the
+/// answer's counts whether it was recorded under a retired letter (see
+/// [`Encoding::code`]) and must be taken again (the walk hands such turns
+/// over: their letters are not the read's).
+pub struct Member {
+    pub turn_id: TurnId,
+    pub costs: TurnCosts,
+    pub english: Option<(u8, TurnCosts)>,
+    pub retired: bool,
+}
+
+pub fn member(bytes: &[u8]) -> Result<Member, StoreError> {
+    if bytes.len() != MEMBER_LEN && bytes.len() != EN_MEMBER_LEN {
         return Err(corrupt("a turns member is malformed"));
     }
     let encoding = |b: u8| match (Encoding::from_code(b), Encoding::from_legacy_code(b)) {
@@ -116,48 +173,55 @@ pub fn member(bytes: &[u8]) -> Result<(TurnId, TurnCosts, [bool; 2]), StoreError
         (None, Some(e)) => Ok((e, true)),
         (None, None) => Err(corrupt("unknown encoding letter")),
     };
-    let n = |i: usize| {
-        let at = ID_LEN + 2 + 4 * i;
-        u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-    };
     let (query_encoding, query_legacy) = encoding(bytes[ID_LEN])?;
     let (answer_encoding, answer_legacy) = encoding(bytes[ID_LEN + 1])?;
-    let costs = TurnCosts {
-        query: QueryTokens {
-            encoding: query_encoding,
-            query: n(0),
-            user_line: n(1),
-        },
-        answer: AnswerTokens {
-            encoding: answer_encoding,
-            answer: n(2),
-            assistant_sep: n(3),
-            assistant_last: n(4),
-        },
-        query_bytes: n(5),
-        answer_bytes: n(6),
+    let costs_at = |at: usize| {
+        let n = |i: usize| {
+            let at = at + 4 * i;
+            u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
+        TurnCosts {
+            query: QueryTokens {
+                encoding: query_encoding,
+                query: n(0),
+                user_line: n(1),
+            },
+            answer: AnswerTokens {
+                encoding: answer_encoding,
+                answer: n(2),
+                assistant_sep: n(3),
+                assistant_last: n(4),
+            },
+            query_bytes: n(5),
+            answer_bytes: n(6),
+        }
     };
-    Ok((
-        turn_id(&bytes[..ID_LEN])?,
-        costs,
-        [query_legacy, answer_legacy],
-    ))
+    Ok(Member {
+        turn_id: turn_id(&bytes[..ID_LEN])?,
+        costs: costs_at(ID_LEN + 2),
+        english: (bytes.len() == EN_MEMBER_LEN)
+            .then(|| (bytes[MEMBER_LEN], costs_at(MEMBER_LEN + 1))),
+        retired: query_legacy || answer_legacy,
+    })
 }
 
 /// An entry of a history page: a member, its record (maybe cut) and, for a
 /// whole turn longer than a record's head, its tail (the rest of the
-/// question, then of the answer).
+/// question, then of the answer); the English copies when the read needs
+/// them: `english` (`lang=en`) renders them, otherwise they go beside.
 pub fn candidate(
     member_bytes: &[u8],
     rec: &[u8],
     tail: Option<&[u8]>,
+    en: Option<&[u8]>,
+    english_read: bool,
 ) -> Result<Candidate, StoreError> {
-    let (turn_id, costs, retired) = member(member_bytes)?;
+    let m = member(member_bytes)?;
     let f = finalized(rec)?;
     let (query, answer) = match tail {
         None => (f.query.to_vec(), f.answer.to_vec()),
         Some(tail) => {
-            let rest = (costs.query_bytes as usize)
+            let rest = (m.costs.query_bytes as usize)
                 .checked_sub(f.query.len())
                 .filter(|r| *r <= tail.len())
                 .ok_or_else(|| corrupt("a record's tail and its member disagree"))?;
@@ -174,16 +238,51 @@ pub fn candidate(
         Content::from_prefix(bytes, full as usize)
             .ok_or_else(|| corrupt("a stored text is not UTF-8"))
     };
-    Ok(Candidate {
-        turn_id,
+    let copies = en.map(english).transpose()?;
+    let mut candidate = Candidate {
+        turn_id: m.turn_id,
         seq: f.seq,
         started_at: f.started_at,
         finalized_at: f.finalized_at,
-        user_query: content(query, costs.query_bytes)?,
-        final_answer: content(answer, costs.answer_bytes)?,
-        costs,
-        recount: retired.contains(&true),
-    })
+        user_query: Content::whole(""),
+        final_answer: Content::whole(""),
+        costs: m.costs,
+        recount: m.retired,
+        copies: Copies::default(),
+    };
+    let needs_copies = m.english.is_some();
+    match (copies, english_read) {
+        (None, _) if needs_copies && english_read => {
+            return Err(corrupt("a translated turn came without its copies"));
+        }
+        (Some(c), true) => {
+            let (flags, costs) = m
+                .english
+                .ok_or_else(|| corrupt("English copies of an untranslated turn"))?;
+            candidate.costs = costs;
+            candidate.user_query = match (flags & 1 != 0, c.query) {
+                (true, Some(q)) => Content::whole(q),
+                (false, None) => content(query, m.costs.query_bytes)?,
+                _ => return Err(corrupt("a turn's copies and its member disagree")),
+            };
+            candidate.final_answer = match (flags & 2 != 0, c.answer) {
+                (true, Some(a)) => Content::whole(a),
+                (false, None) => content(answer, m.costs.answer_bytes)?,
+                _ => return Err(corrupt("a turn's copies and its member disagree")),
+            };
+        }
+        (copies, _) => {
+            candidate.user_query = content(query, m.costs.query_bytes)?;
+            candidate.final_answer = content(answer, m.costs.answer_bytes)?;
+            if let Some(c) = copies {
+                candidate.copies = Copies {
+                    user_query: c.query.map(Content::whole),
+                    final_answer: c.answer.map(Content::whole),
+                };
+            }
+        }
+    }
+    Ok(candidate)
 }
 
 #[cfg(test)]
@@ -201,6 +300,7 @@ mod tests {
             started_at: 17,
             idempotency_key: Some("k-1"),
             tokens: &tokens,
+            english: None,
         });
         let expected = format!(
             "17 k-1 c {} {}\na \"quoted\"\nline",
@@ -239,7 +339,14 @@ mod tests {
             (Encoding::P50kEdit, b'e'),
             (Encoding::R50kBase, b'r'),
         ] {
-            let c = candidate(&member_bytes([retired; 2], stale), rec.as_bytes(), None).unwrap();
+            let c = candidate(
+                &member_bytes([retired; 2], stale),
+                rec.as_bytes(),
+                None,
+                None,
+                false,
+            )
+            .unwrap();
             assert_eq!(c.costs.query.encoding, enc);
             assert!(c.recount);
             let o = Options {
@@ -253,14 +360,31 @@ mod tests {
                 keep_first: false,
                 after_seq: 0,
                 through_seq: u64::MAX,
+                english: false,
             };
             let s = select([c.clone(), Candidate { seq: 2, ..c }].into_iter(), &o);
             let text = crate::history::render_text(&s.turns);
             assert_eq!(s.token_count, enc.count(&text), "{enc:?}");
             // Current letters are trusted as they are.
-            let c = candidate(&member_bytes([enc.code(); 2], stale), rec.as_bytes(), None).unwrap();
+            let c = candidate(
+                &member_bytes([enc.code(); 2], stale),
+                rec.as_bytes(),
+                None,
+                None,
+                false,
+            )
+            .unwrap();
             assert!(!c.recount);
         }
-        assert!(candidate(&member_bytes(*b"xx", stale), rec.as_bytes(), None).is_err());
+        assert!(
+            candidate(
+                &member_bytes(*b"xx", stale),
+                rec.as_bytes(),
+                None,
+                None,
+                false
+            )
+            .is_err()
+        );
     }
 }

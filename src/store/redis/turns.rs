@@ -13,7 +13,7 @@ use super::scripts::args;
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Selector;
 use crate::store::{Finalized, StartTurn, Started, StoreError, StoredHistory, ms};
-use crate::turn::{Finalization, Millis};
+use crate::turn::{Finalization, Millis, TurnView};
 
 /// Starts that may ask for a fresh index entry before giving up: each
 /// answer to one is a newer entry, so only a fence set in between (an
@@ -47,7 +47,7 @@ enum StartReply {
 }
 
 impl StartReply {
-    fn parse(v: Value) -> Result<Self, StoreError> {
+    fn parse(v: Value, english: bool) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         let status = r.string()?;
         Ok(match status.as_str() {
@@ -68,7 +68,7 @@ impl StartReply {
                 started_at: r.int()?,
                 page: match r.next()? {
                     Value::Nil => None,
-                    v => Some(Box::new(Page::parse(v)?)),
+                    v => Some(Box::new(Page::parse(v, english)?)),
                 },
                 pending_before: r.uint()?,
                 purged: r.uint()?,
@@ -78,26 +78,27 @@ impl StartReply {
     }
 }
 
-/// `lua/finalize_turn.lua`'s reply.
+/// `lua/finalize_turn.lua`'s reply: `{'ok' | 'already', record, English
+/// copies or false}` or `{'not_found'}`.
 enum FinalizeReply {
-    /// `{'ok', record}`
-    Now {
-        record: Vec<u8>,
-    },
-    /// `{'already', record}`
-    Already {
-        record: Vec<u8>,
-    },
+    Now(TurnView),
+    Already(TurnView),
     NotFound,
 }
 
 impl FinalizeReply {
-    fn parse(v: Value) -> Result<Self, StoreError> {
+    fn parse(v: Value, turn: TurnId) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
-        Ok(match r.string()?.as_str() {
-            "ok" => FinalizeReply::Now { record: r.bytes()? },
-            "already" => FinalizeReply::Already { record: r.bytes()? },
-            "not_found" => FinalizeReply::NotFound,
+        let status = r.string()?;
+        if status == "not_found" {
+            return Ok(FinalizeReply::NotFound);
+        }
+        let record = r.bytes()?;
+        let english = Reply::opt_bytes_of(r.next()?)?;
+        let view = record::view(turn, &record, english.as_deref())?;
+        Ok(match status.as_str() {
+            "ok" => FinalizeReply::Now(view),
+            "already" => FinalizeReply::Already(view),
             other => return Err(corrupt(format!("finalize_turn status {other:?}"))),
         })
     }
@@ -107,6 +108,7 @@ impl RedisStore {
     pub(super) async fn start(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
         let session = req.session_id;
         let tail = record::pending_tail(&req.turn);
+        let english = record::pending_english(&req.turn);
         let (key, hash) = req
             .idempotency
             .map(|(k, h)| (k.as_str(), h))
@@ -144,6 +146,7 @@ impl RedisStore {
                 key,
                 hash,
                 index_user,
+                english.as_slice(),
             ];
             if let Some(sel) = &sel {
                 let o = sel.options();
@@ -152,7 +155,8 @@ impl RedisStore {
             let v: Value = self
                 .run_session(&self.scripts.start_turn, session.as_str(), a)
                 .await?;
-            match StartReply::parse(v)? {
+            let reading_english = req.history.is_some_and(|h| h.english);
+            match StartReply::parse(v, reading_english)? {
                 StartReply::OwnerMismatch => return Err(StoreError::OwnerMismatch),
                 StartReply::IdempotencyKeyReused => {
                     return Err(StoreError::IdempotencyKeyReused);
@@ -214,7 +218,11 @@ impl RedisStore {
         end: &Finalization,
     ) -> Result<Finalized, StoreError> {
         let t = &end.tokens;
-        let mut numbers = Vec::with_capacity(6 * 8);
+        let en = end.english.as_ref();
+        let en_count = |f: fn(&crate::tokens::AnswerTokens) -> u32| {
+            en.map_or(0.0, |e| f64::from(f(&e.tokens)))
+        };
+        let mut numbers = Vec::with_capacity(9 * 8);
         pack(
             &mut numbers,
             &[
@@ -224,6 +232,9 @@ impl RedisStore {
                 f64::from(t.assistant_sep),
                 f64::from(t.assistant_last),
                 f64::from(self.limits.max_turns),
+                en_count(|t| t.answer),
+                en_count(|t| t.assistant_sep),
+                en_count(|t| t.assistant_last),
             ],
         );
         let v: Value = self
@@ -235,14 +246,13 @@ impl RedisStore {
                     id_bytes(&turn),
                     end.final_answer.as_str(),
                     (t.encoding.code() as char).to_string(),
+                    en.map_or("", |e| e.text.as_str()),
                 ],
             )
             .await?;
-        match FinalizeReply::parse(v)? {
-            FinalizeReply::Now { record } => Ok(Finalized::Now(record::view(turn, &record)?)),
-            FinalizeReply::Already { record } => {
-                Ok(Finalized::Already(record::view(turn, &record)?))
-            }
+        match FinalizeReply::parse(v, turn)? {
+            FinalizeReply::Now(view) => Ok(Finalized::Now(view)),
+            FinalizeReply::Already(view) => Ok(Finalized::Already(view)),
             FinalizeReply::NotFound => Err(StoreError::TurnNotFound),
         }
     }

@@ -1,13 +1,16 @@
--- Shared by every session script (layout 4). KEYS, all under one
+-- Shared by every session script (layout 5). KEYS, all under one
 -- {session_id} hash tag, so one slot; three of them, as every write
 -- slides the TTL of each:
 --   1 h  meta hash: user_id, created_at, last_active_at, next_seq, n (the
 --        finalized turns), ix (the time the owner's index entry reaches
 --        until, see index_add.lua), keyed ('1' once an idempotency key was
---        used), and one field per
+--        used), ts and cs (sums of the finalized turns' costs, and of
+--        those a summary covers: SUMS below), st (the seq a summary covers
+--        up to; absent: none), and one field per
 --        idempotency key: 'k:' .. key -> turn id .. seq .. ' ' .. request hash
 --   2 r  records hash: turn id -> pending record, or a finalized record's
---        head; turn id .. 't' -> its tail, if it has one (see HEAD)
+--        head; turn id .. 't' -> its tail, if it has one (see HEAD);
+--        turn id .. 'e' -> its English copies, if it has any (ENGLISH)
 --   3 s  turns zset, in two ranges of scores: finalized turns scored by
 --        their seq (below LIVE), members turn id .. costs (COSTS below);
 --        pending turns scored by the ms they expire (above LIVE: every
@@ -32,9 +35,22 @@
 -- question's and of the answer's counts, then q, u ("User: q\n"), a, s
 -- ("Assistant: a\n\n"), l ("Assistant: a"), the question's and the
 -- answer's bytes. A read budgets from these without loading the turns it
--- does not return.
+-- does not return. A turn with English copies has a second block
+-- (EN_COSTS): which copies it has (1 the question's, 2 the answer's),
+-- then the same seven numbers for the texts `lang=en` renders (each copy,
+-- or the original where there is none).
 local COSTS = '>c1c1I4I4I4I4I4I4I4'
+local EN_COSTS = '>BI4I4I4I4I4I4I4'
 local ID = 16
+local BASE = ID + 30
+-- English copies (field turn id .. 'e'): pending "<q> <u>\n<query copy>"
+-- (its counts); finalized "<question copy bytes or -> <answer copy bytes
+-- or ->\n<question copy><answer copy>".
+-- SUMS: the encoding letter the sums are in ('0': no turn yet, '-':
+-- turns of several encodings or a retired letter), then the sums of
+-- u + s over the turns, as rendered and as `lang=en` renders them.
+local SUMS = '>c1dd'
+local CURRENT = 'ohcPER'
 local LIVE = '1000000000000'
 -- Expired pending turns purged per start, turns trimmed per finalize: a
 -- backlog is worked off by the next calls, none of them long.
@@ -59,8 +75,8 @@ local function drop_key(key, turn_id)
   if e and string.sub(e, 1, ID) == turn_id then redis.call('HDEL', KEYS[1], 'k:' .. key) end
 end
 
--- Removes turns' records (heads and tails); frees their keys if the
--- session ever had keys.
+-- Removes turns' records (heads, tails, English copies); frees their keys
+-- if the session ever had keys.
 local function forget(ids, keyed)
   local fields = {}
   for _, id in ipairs(ids) do
@@ -70,8 +86,62 @@ local function forget(ids, keyed)
     end
     fields[#fields + 1] = id
     fields[#fields + 1] = id .. 't'
+    fields[#fields + 1] = id .. 'e'
   end
   redis.call('HDEL', KEYS[2], unpack(fields))
+end
+
+-- What a finalized turn's member adds to the sums: its letter (or '-'),
+-- u + s, and u + s as `lang=en` renders it.
+local function contribution(m)
+  local qe, ae, _, u, _, s = struct.unpack('>c1c1I4I4I4I4', m, ID + 1)
+  local inner, inner_en = u + s, u + s
+  if #m > BASE then
+    local _, _, un, _, sn = struct.unpack('>BI4I4I4I4', m, BASE + 1)
+    inner_en = un + sn
+  end
+  local letter = '-'
+  if qe == ae and string.find(CURRENT, qe, 1, true) then letter = qe end
+  return letter, inner, inner_en
+end
+
+local function unpack_sums(packed)
+  if not packed then return '0', 0, 0 end
+  local letter, sum, sum_en = struct.unpack(SUMS, packed)
+  return letter, sum, sum_en
+end
+
+-- Adds (sign 1) or takes away (-1) finalized turns' members to the sums:
+-- of every turn (ts), and of those a summary covers (cs: seq <= st).
+-- `members`: flat member, seq pairs. `left`: finalized turns after the
+-- change (0 empties the sums). Returns nothing; writes h.
+local function tally(members, sign, left)
+  local m = redis.call('HMGET', KEYS[1], 'ts', 'cs', 'st')
+  local covered_to = tonumber(m[3] or '0')
+  local tl, ts, tse = unpack_sums(m[1])
+  local cl, cs, cse = unpack_sums(m[2])
+  local covered = false
+  for i = 1, #members, 2 do
+    local letter, inner, inner_en = contribution(members[i])
+    ts, tse = ts + sign * inner, tse + sign * inner_en
+    if sign > 0 then
+      if tl == '0' then tl = letter elseif tl ~= letter then tl = '-' end
+    end
+    if tonumber(members[i + 1]) <= covered_to then
+      covered = true
+      cs, cse = cs + sign * inner, cse + sign * inner_en
+      if sign > 0 then
+        if cl == '0' then cl = letter elseif cl ~= letter then cl = '-' end
+      end
+    end
+  end
+  if left == 0 then tl, ts, tse = '0', 0, 0 end
+  local fields = {'ts', struct.pack(SUMS, tl, ts, tse)}
+  if covered then
+    fields[3] = 'cs'
+    fields[4] = struct.pack(SUMS, cl, cs, cse)
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
 end
 
 -- A finalized record's head and tail (nil when both texts fit the head).

@@ -4,7 +4,7 @@ local tid = ARGV[2]
 local rec = redis.call('HGET', KEYS[2], tid)
 if not rec then return 'not_found' end
 drop_key(key_of(rec), tid)
-redis.call('HDEL', KEYS[2], tid, tid .. 't')
+redis.call('HDEL', KEYS[2], tid, tid .. 't', tid .. 'e')
 if is_pending(rec) then
   local deadline = redis.call('ZSCORE', KEYS[3], tid)
   redis.call('ZREM', KEYS[3], tid)
@@ -12,6 +12,8 @@ if is_pending(rec) then
   return 'not_found'
 end
 local seq = string.match(rec, '^(%d+)')
+local members = redis.call('ZRANGEBYSCORE', KEYS[3], seq, seq)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], seq, seq)
-redis.call('HINCRBY', KEYS[1], 'n', -1)
+local left = redis.call('HINCRBY', KEYS[1], 'n', -1)
+if members[1] then tally({members[1], seq}, -1, left) end
 return 'finalized'

@@ -1,10 +1,13 @@
--- ARGV: 1 numbers packed '>dddddd': now, session ttl ms, the answer's
---       counts a, s, l, max_turns; 2 turn id, 3 final answer, 4 encoding
---       letter of its counts
--- Returns {'ok', record} | {'already', record} | {'not_found'}
-local now, session_ttl, a, s, l, max_turns = struct.unpack('>dddddd', ARGV[1])
+-- ARGV: 1 numbers packed '>ddddddddd': now, session ttl ms, the answer's
+--       counts a, s, l, max_turns, its English copy's counts a, s, l (0
+--       without one); 2 turn id, 3 final answer, 4 encoding letter of its
+--       counts, 5 the answer's English copy or ''
+-- Returns {'ok', record, English copies or false} |
+--         {'already', record, English copies or false} | {'not_found'}
+local now, session_ttl, a, s, l, max_turns, ea, es, el =
+  struct.unpack('>ddddddddd', ARGV[1])
 local tid = ARGV[2]
-local got = redis.call('HMGET', KEYS[2], tid, tid .. 't')
+local got = redis.call('HMGET', KEYS[2], tid, tid .. 't', tid .. 'e')
 local rec = got[1]
 if not rec then return {'not_found'} end
 if not is_pending(rec) then
@@ -12,7 +15,7 @@ if not is_pending(rec) then
   local nl = string.find(rec, '\n', 1, true)
   local ab = #rec - nl - math.min(qb, HEAD)
   if got[2] then ab = ab + #got[2] - math.max(qb - HEAD, 0) end
-  return {'already', assemble(rec, got[2], qb, ab, qb, ab)}
+  return {'already', assemble(rec, got[2], qb, ab, qb, ab), got[3] or false}
 end
 local deadline = redis.call('ZSCORE', KEYS[3], tid)
 if not (deadline and tonumber(deadline) > now) then return {'not_found'} end
@@ -23,17 +26,43 @@ local query = string.sub(rec, body)
 local answer = ARGV[3]
 local header = seq .. ' ' .. started .. ' ' .. string.format('%d', now) .. ' ' .. key .. ' ' .. #query
 local member = tid .. struct.pack(COSTS, qe, ARGV[4], tonumber(q), tonumber(u), a, s, l, #query, #answer)
-local head, tail = split(header, query, answer)
-if tail then
-  redis.call('HSET', KEYS[2], tid, head, tid .. 't', tail)
-else
-  redis.call('HSET', KEYS[2], tid, head)
+
+-- English copies: the question's was kept at start, the answer's comes now.
+local answer_en = ARGV[5]
+local english = false
+if got[3] or answer_en ~= '' then
+  local flags, eq, eu, query_en = 0, tonumber(q), tonumber(u), ''
+  if got[3] then
+    local cq, cu, at = string.match(got[3], '^(%d+) (%d+)\n()')
+    flags, eq, eu, query_en = 1, tonumber(cq), tonumber(cu), string.sub(got[3], at)
+  end
+  local qb_en, ab_en = #query, #answer
+  if flags == 1 then qb_en = #query_en end
+  if answer_en ~= '' then
+    flags, a, s, l, ab_en = flags + 2, ea, es, el, #answer_en
+  end
+  member = member .. struct.pack(EN_COSTS, flags, eq, eu, a, s, l, qb_en, ab_en)
+  english = ((flags % 2 == 1) and #query_en or '-') .. ' ' ..
+    ((answer_en ~= '') and #answer_en or '-') .. '\n' .. query_en .. answer_en
 end
+
+local head, tail = split(header, query, answer)
+local fields = {tid, head}
+if tail then
+  fields[#fields + 1] = tid .. 't'
+  fields[#fields + 1] = tail
+end
+if english then
+  fields[#fields + 1] = tid .. 'e'
+  fields[#fields + 1] = english
+end
+redis.call('HSET', KEYS[2], unpack(fields))
 redis.call('ZREM', KEYS[3], tid)
 redis.call('ZADD', KEYS[3], seq, member)
 
 local meta = redis.call('HMGET', KEYS[1], 'n', 'keyed')
 local count = tonumber(meta[1] or '0') + 1
+tally({member, seq}, 1, count)
 local excess = count - max_turns
 if excess > 0 then
   -- The lowest scores are the oldest finalized turns.
@@ -42,7 +71,8 @@ if excess > 0 then
   for i = 1, #old, 2 do ids[#ids + 1] = string.sub(old[i], 1, ID) end
   forget(ids, meta[2])
   count = count - #ids
+  tally(old, -1, count)
 end
 redis.call('HSET', KEYS[1], 'last_active_at', now, 'n', count)
 touch(session_ttl)
-return {'ok', header .. '\n' .. query .. answer}
+return {'ok', header .. '\n' .. query .. answer, english}

@@ -5,7 +5,9 @@
 --       2 user_id or '', 3 turn id, 4 pending record without its seq
 --       ("<started_at> <key> <enc> <q> <u>\n<query>"), 5 idempotency key or
 --       '', 6 request hash, 7 user the caller wrote an index entry for, or
---       '', 8 the walk's arguments (see walk.lua) when reading
+--       '', 8 the question's English copy as kept while pending
+--       ("<q> <u>\n<copy>") or '', 9 the walk's arguments (see walk.lua)
+--       when reading
 -- Returns one of
 --   {'owner_mismatch'} | {'idem_reused'} | {'too_many_pending', oldest deadline}
 --   {'need_index', user, min time}: nothing written; write the user's index
@@ -14,7 +16,8 @@
 --    pending turns before it, pending turns purged}
 local now, session_ttl, pending_ttl, cap, needed, written, reading =
   struct.unpack('>ddddddB', ARGV[1])
-local user, tid_new, tail, key, hash, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local user, tid_new, tail, key, hash, indexed_for, english =
+  ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 reading = reading == 1
 
 local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n')
@@ -41,7 +44,7 @@ if key ~= '' and meta[5] then
       if p and tonumber(string.match(p, '^%?(%d+)')) < seq then before = before + 1 end
     end
     local started = string.match(rec, '^%??%d+ (%d+)')
-    local page = reading and walk(8, seq) or false
+    local page = reading and walk(9, seq) or false
     return {'replay', owner or '', tid, seq, started, page, before, 0}
   end
 end
@@ -101,8 +104,12 @@ if key ~= '' then
   if not meta[3] then set('keyed', '1') end
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail)
+if english ~= '' then
+  redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail, tid_new .. 'e', english)
+else
+  redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail)
+end
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
-local page = reading and walk(8, seq, tonumber(meta[6] or '0')) or false
+local page = reading and walk(9, seq, tonumber(meta[6] or '0')) or false
 touch(session_ttl)
 return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired}

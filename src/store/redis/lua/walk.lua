@@ -10,13 +10,16 @@
 -- max query chars, max answer chars (0: no truncation), header tokens,
 -- then the budget state: inner sum, newest inner (-1: none), newest last,
 -- bytes; then the encoding letter, and flags: text (1) or messages (0),
--- keep_first, newest may change.
+-- keep_first, newest may change, English (1: `lang=en`, the costs and
+-- texts of turns' English copies where they have them), copies (1: hand
+-- over translated turns' English copies beside their texts).
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
 -- when the read's range is all of them.
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries}, each
--- entry (first too) a member, a record and a tail or false. The record's
+-- entry (first too) a member, a record, a tail or false, and the English
+-- copies or false (loaded whole when the read needs them). The record's
 -- header's last field says how much of the question it holds (the member
 -- has the whole sizes): a record cut for a truncating read holds the
 -- beginnings of the texts; a whole turn with a tail comes as its head and
@@ -30,12 +33,14 @@ local WALK, LOADED = 1024, 1048576
 local HANDOVER, HANDOVER_BYTES = 64, 262144
 local BATCH = 64
 
-local WALK_ARGS = '>ddddddddddddc1BBB'
+local WALK_ARGS = '>ddddddddddddc1BBBBB'
 
 local function walk(at, before, count)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
-    inner_sum, ni, nl, bytes, enc, text, keep_first, change = struct.unpack(WALK_ARGS, ARGV[at])
+    inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies =
+    struct.unpack(WALK_ARGS, ARGV[at])
   text, keep_first, change = text == 1, keep_first == 1, change == 1
+  english, copies = english == 1, copies == 1
   local encs = enc .. enc
   -- Seqs are below LIVE: the rest of the zset is pending turns.
   if upper_seq < 0 then upper_seq = nil end
@@ -59,8 +64,9 @@ local function walk(at, before, count)
   local exact = true
   local cap_n, cap_b = WALK, LOADED
   -- Turns taken; for those not read whole from their heads alone:
-  -- {question bytes, answer bytes, bytes needed of each}.
-  local taken, notes, n = {}, {}, 0
+  -- {question bytes, answer bytes, bytes needed of each}; whether to load
+  -- their English copies.
+  local taken, notes, en_of, n = {}, {}, {}, 0
   local status, reason, next_before = nil, '', 0
   local walked, page_bytes, loaded, last_m = 0, 0, 0, nil
 
@@ -79,6 +85,20 @@ local function walk(at, before, count)
         return
       end
       local e, q, u, an, s, l, qb, ab = unpack_costs(FMT, m, ID + 1)
+      -- What the read needs of the original texts (none of a text whose
+      -- English copy `lang=en` renders instead), and of the copies.
+      local oqb, oab, need_en, copy_bytes = qb, ab, false, 0
+      if #m > BASE and (english or copies) then
+        local flags, eq, eu, ea, es, el, eqb, eab = unpack_costs(EN_COSTS, m, BASE + 1)
+        need_en = true
+        if flags % 2 == 1 then copy_bytes = eqb end
+        if flags >= 2 then copy_bytes = copy_bytes + eab end
+        if english then
+          q, u, an, s, l, qb, ab = eq, eu, ea, es, el, eqb, eab
+          if flags % 2 == 1 then oqb = 0 end
+          if flags >= 2 then oab = 0 end
+        end
+      end
       if exact and (e ~= encs or (cut_q and qb > max_q) or (cut_a and ab > max_a)) then
         exact, cap_n, cap_b = false, HANDOVER, HANDOVER_BYTES
       end
@@ -107,24 +127,29 @@ local function walk(at, before, count)
         end
         bytes = bytes + qb + ab
       end
-      -- What the read needs of the texts, and what loading it costs: the
-      -- head alone, unless the read needs more than it holds. A turn read
-      -- whole from its head alone (the usual) needs no note.
-      local q_need, a_need = qb, ab
-      if cut_q and qb > cut_q then q_need = cut_q end
-      if cut_a and ab > cut_a then a_need = cut_a end
+      -- What loading it costs: the head alone, unless the read needs more
+      -- than it holds; the English copies whole. A turn read whole from
+      -- its head alone (the usual) needs no note.
+      local q_need, a_need = oqb, oab
+      if cut_q and oqb > cut_q then q_need = cut_q end
+      if cut_a and oab > cut_a then a_need = cut_a end
       n = n + 1
       taken[n] = m
-      if qb <= HEAD and ab <= HEAD then
+      if need_en then
+        en_of[n] = true
+        loaded, page_bytes = loaded + copy_bytes, page_bytes + copy_bytes
+      end
+      if not need_en and qb <= HEAD and ab <= HEAD then
         loaded = loaded + qb + ab
         if q_need < qb or a_need < ab then notes[n] = {qb, ab, q_need, a_need} end
       else
+        local fq, fa = unpack_costs('>I4I4', m, ID + 23)
         if q_need > HEAD or a_need > HEAD then
-          loaded = loaded + qb + ab
+          loaded = loaded + fq + fa
         else
-          loaded = loaded + (qb > HEAD and HEAD or qb) + (ab > HEAD and HEAD or ab)
+          loaded = loaded + (fq > HEAD and HEAD or fq) + (fa > HEAD and HEAD or fa)
         end
-        notes[n] = {qb, ab, q_need, a_need}
+        notes[n] = {fq, fa, q_need, a_need}
       end
       room = room - 1
       walked, page_bytes, last_m = walked + 1, page_bytes + q_need + a_need, m
@@ -154,7 +179,7 @@ local function walk(at, before, count)
 
   -- The records of what is returned, cut to what a truncating read needs:
   -- heads, and the tails of turns the read needs more of.
-  local ids, tails, tail_of = {}, {}, {}
+  local ids, tails, tail_of, ens, en_at = {}, {}, {}, {}, {}
   for i = 1, n do
     local id = string.sub(taken[i], 1, ID)
     ids[i] = id
@@ -163,9 +188,14 @@ local function walk(at, before, count)
       tails[#tails + 1] = id .. 't'
       tail_of[i] = #tails
     end
+    if en_of[i] then
+      ens[#ens + 1] = id .. 'e'
+      en_at[i] = #ens
+    end
   end
   local recs = n > 0 and redis.call('HMGET', KEYS[2], unpack(ids)) or {}
   local tail_recs = #tails > 0 and redis.call('HMGET', KEYS[2], unpack(tails)) or {}
+  local en_recs = #ens > 0 and redis.call('HMGET', KEYS[2], unpack(ens)) or {}
   local first, entries = false, {}
   for i = 1, n do
     local m, rec, note = taken[i], recs[i], notes[i]
@@ -187,12 +217,18 @@ local function walk(at, before, count)
         rec, tail = assemble(rec, tail, qb, ab, q, a), false
       end
     end
+    local en = false
+    if en_at[i] then
+      en = en_recs[en_at[i]]
+      if not en then return redis.error_reply('turnstore: a turn has no English copies') end
+    end
     if has_first and i == 1 then
-      first = {m, rec, tail}
+      first = {m, rec, tail, en}
     else
       entries[#entries + 1] = m
       entries[#entries + 1] = rec
       entries[#entries + 1] = tail
+      entries[#entries + 1] = en
     end
   end
   return {status or 'done', reason, next_before, total, first, entries}
