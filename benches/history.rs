@@ -64,6 +64,7 @@ fn options(limit: usize, max_tokens: u32, format: Format, encoding: Encoding) ->
         after_seq: 0,
         through_seq: u64::MAX,
         english: false,
+        summary: false,
     }
 }
 

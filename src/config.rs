@@ -67,6 +67,10 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_MAX_ANSWER_BYTES", default_value_t = 128 * 1024)]
     pub max_answer_bytes: usize,
 
+    /// Largest summary a session keeps, in UTF-8 bytes.
+    #[arg(long, env = "TURNSTORE_MAX_SUMMARY_BYTES", default_value_t = 32 * 1024, value_parser = clap::value_parser!(u64).range(1..=1024 * 1024))]
+    pub max_summary_bytes: u64,
+
     /// Largest request body, in bytes (JSON escaping can make a body larger than its text).
     #[arg(long, env = "TURNSTORE_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,

@@ -41,6 +41,10 @@ pub enum Encoding {
 }
 
 pub const HEADER: &str = "### Conversation history:\n";
+/// What a summary's block begins with in the `text` rendering.
+pub const SUMMARY_HEADER: &str = "### Conversation summary:\n";
+/// What a summary's system message begins with in the `messages` rendering.
+pub const SUMMARY_MESSAGE: &str = "Summary of the conversation so far:\n";
 
 impl Encoding {
     pub const ALL: [Encoding; 6] = [
@@ -142,6 +146,36 @@ impl Encoding {
         static CACHE: [OnceLock<u32>; 6] = [const { OnceLock::new() }; 6];
         let slot = Self::ALL.iter().position(|e| *e == self).unwrap_or(0);
         *CACHE[slot].get_or_init(|| self.count(&format!("{HEADER}{LETTER}")) - self.count(LETTER))
+    }
+}
+
+/// Counts of a session's summary, taken when it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SummaryTokens {
+    pub encoding: Encoding,
+    /// The summary alone.
+    pub text: u32,
+    /// Its `text` block with no turns after it: `SUMMARY_HEADER` + summary.
+    pub alone: u32,
+    /// Its block followed by the history: with "\n\n" after it, counted as
+    /// it tokenizes before the history's header (no pre-tokenizer piece
+    /// spans a newline and the "#" after it, so the rest counts apart).
+    pub joined: u32,
+    /// Its system message's content: `SUMMARY_MESSAGE` + summary.
+    pub message: u32,
+}
+
+impl SummaryTokens {
+    pub fn count(encoding: Encoding, summary: &str) -> Self {
+        let header = format!("{HEADER}{LETTER}");
+        SummaryTokens {
+            encoding,
+            text: encoding.count(summary),
+            alone: encoding.count(&format!("{SUMMARY_HEADER}{summary}")),
+            joined: encoding.count(&format!("{SUMMARY_HEADER}{summary}\n\n{header}"))
+                - encoding.count(&header),
+            message: encoding.count(&format!("{SUMMARY_MESSAGE}{summary}")),
+        }
     }
 }
 
@@ -333,6 +367,32 @@ mod tests {
         for e in Encoding::ALL {
             assert_eq!(Encoding::from_code(e.code()), Some(e));
             assert_eq!(Encoding::from_legacy_code(e.code()), None);
+        }
+    }
+
+    proptest::proptest! {
+        /// A summary's block counts as it tokenizes in the rendering, alone
+        /// or followed by the history, in every encoding.
+        #[test]
+        fn summary_blocks_count_as_rendered(
+            summary in "[a-z .!\\n#\u{1F642}]{1,40}",
+            turns in proptest::collection::vec(("[a-z ?\\n]{1,12}", "[a-z .\\n]{1,12}"), 1..3),
+            encoding in 0..Encoding::ALL.len(),
+        ) {
+            let enc = Encoding::ALL[encoding];
+            let t = SummaryTokens::count(enc, &summary);
+            proptest::prop_assert_eq!(t.alone, enc.count(&format!("{SUMMARY_HEADER}{summary}")));
+            let mut blocks = String::new();
+            let mut sum = 0;
+            for (i, (q, a)) in turns.iter().enumerate() {
+                let last = i + 1 == turns.len();
+                blocks.push_str(&user_line(q));
+                blocks.push_str(&assistant_line(a, !last));
+                let (qt, at) = (QueryTokens::count(enc, q), AnswerTokens::count(enc, a));
+                sum += qt.user_line + if last { at.assistant_last } else { at.assistant_sep };
+            }
+            let rendered = format!("{SUMMARY_HEADER}{summary}\n\n{HEADER}{blocks}");
+            proptest::prop_assert_eq!(t.joined + enc.header_count() + sum, enc.count(&rendered));
         }
     }
 

@@ -84,12 +84,15 @@ fn spec_names_every_operation() {
         [
             "abort_turn",
             "clear_session",
+            "delete_summary",
             "erase_user",
             "finalize_turn",
             "get_history",
             "get_session",
+            "get_summary",
             "healthz",
             "list_user_sessions",
+            "put_summary",
             "readyz",
             "start_turn",
         ]
@@ -177,7 +180,7 @@ fn ids_are_precise() {
     );
     assert_eq!(
         schemas["Role"]["enum"],
-        serde_json::json!(["user", "assistant"])
+        serde_json::json!(["system", "user", "assistant"])
     );
     for (path, op) in operations(&spec) {
         for p in op["parameters"].as_array().into_iter().flatten() {

@@ -4,4 +4,4 @@ mod ids;
 mod text;
 
 pub use ids::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TurnId, UserId, is_identifier};
-pub use text::{FinalAnswer, TextError, UserQuery};
+pub use text::{FinalAnswer, SummaryText, TextError, UserQuery};

@@ -1,4 +1,5 @@
-//! The two texts turnstore keeps: the user's question and the final answer.
+//! The texts turnstore keeps: the user's question, the final answer, and a
+//! session's summary.
 
 use std::fmt;
 
@@ -61,6 +62,10 @@ text!(
 text!(
     /// The answer the pipeline finally gave.
     FinalAnswer
+);
+text!(
+    /// A session's rolling summary of its older turns.
+    SummaryText
 );
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 mod render;
 mod select;
 
-pub use render::{Message, Role, messages, render_text};
+pub use render::{Message, Role, messages, messages_with, render_text, render_text_with};
 pub use select::{
-    BudgetState, Candidate, Content, Copies, Cost, Format, MESSAGE_OVERHEAD, Options, SelectedTurn,
-    Selection, Selector, StoppedBy, TRUNCATION_MARK, needed_bytes, select,
+    BudgetState, Candidate, Content, Copies, Cost, Format, MESSAGE_OVERHEAD, Options, Prelude,
+    SelectedTurn, Selection, Selector, StoppedBy, TRUNCATION_MARK, needed_bytes, select,
 };

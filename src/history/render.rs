@@ -4,7 +4,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::select::SelectedTurn;
-use crate::tokens::{HEADER, assistant_line, user_line};
+use crate::tokens::{HEADER, SUMMARY_HEADER, SUMMARY_MESSAGE, assistant_line, user_line};
 
 /// The `text` rendering of turns in order; "" when there are none.
 pub fn render_text(turns: &[SelectedTurn]) -> String {
@@ -29,6 +29,8 @@ pub fn render_text(turns: &[SelectedTurn]) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// The summary of earlier turns, first (`summary=true`).
+    System,
     User,
     Assistant,
 }
@@ -39,6 +41,33 @@ pub enum Role {
 pub struct Message {
     pub role: Role,
     pub content: String,
+}
+
+/// The `text` rendering of a summary and the turns after it: the summary's
+/// block alone when no turn follows.
+pub fn render_text_with(summary: Option<&str>, turns: &[SelectedTurn]) -> String {
+    let Some(summary) = summary else {
+        return render_text(turns);
+    };
+    let mut out = format!("{SUMMARY_HEADER}{summary}");
+    if !turns.is_empty() {
+        out.push_str("\n\n");
+        out.push_str(&render_text(turns));
+    }
+    out
+}
+
+/// The `messages` rendering of a summary (a system message) and the turns.
+pub fn messages_with(summary: Option<&str>, turns: Vec<SelectedTurn>) -> Vec<Message> {
+    let mut out: Vec<Message> = summary
+        .map(|s| Message {
+            role: Role::System,
+            content: format!("{SUMMARY_MESSAGE}{s}"),
+        })
+        .into_iter()
+        .collect();
+    out.extend(messages(turns));
+    out
 }
 
 /// The `messages` rendering: a user and an assistant message per turn.
@@ -109,6 +138,7 @@ mod tests {
             after_seq: 0,
             through_seq: u64::MAX,
             english: false,
+            summary: false,
         }
     }
 
@@ -360,7 +390,7 @@ mod tests {
                 .map(|(i, (q, a))| stored_in(stored, i as u64 + 1, q, a)).collect();
             let o = Options { limit, max_tokens, max_bytes, format, encoding, max_query_chars,
                               max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX,
-                              english: false };
+                              english: false, summary: false };
             let s = pick(&turns, &o);
             prop_assert!(s.token_count <= max_tokens);
             prop_assert!(s.bytes <= max_bytes);

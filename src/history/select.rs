@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::TurnId;
-use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
+use crate::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens, TurnCosts};
 use crate::turn::{Millis, TurnView};
 
 /// Per-message overhead of the `messages` rendering, in tokens.
@@ -72,6 +72,9 @@ pub struct Options {
     pub through_seq: u64,
     /// Render the English copies of turns that have them (`lang=en`).
     pub english: bool,
+    /// Begin with the session's summary, if it has one (`summary=true`);
+    /// candidates are then the turns it does not cover.
+    pub summary: bool,
 }
 
 /// A text as a read sees it: whole, or only its beginning when the read
@@ -166,6 +169,8 @@ pub struct SelectedTurn {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selection {
+    /// The summary begins the rendering.
+    pub summary: bool,
     /// Oldest first.
     pub turns: Vec<SelectedTurn>,
     /// Exact count of the rendering, under the read's encoding.
@@ -216,11 +221,41 @@ pub struct BudgetState {
     pub bytes: u64,
 }
 
+/// What a summary adds before the turns, under the read's encoding and
+/// format: its tokens with no turn after it (`alone`) and with turns after
+/// it (`joined`, the history's header not included), and its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prelude {
+    pub alone: u32,
+    pub joined: u32,
+    pub bytes: u64,
+}
+
+impl Prelude {
+    /// From a summary's counts in the read's encoding.
+    pub fn of(format: Format, t: &SummaryTokens, bytes: u64) -> Self {
+        match format {
+            Format::Text | Format::Turns => Prelude {
+                alone: t.alone,
+                joined: t.joined,
+                bytes,
+            },
+            Format::Messages => Prelude {
+                alone: t.message + MESSAGE_OVERHEAD,
+                joined: t.message + MESSAGE_OVERHEAD,
+                bytes,
+            },
+        }
+    }
+}
+
 /// Selects among candidates offered one at a time.
 #[derive(Debug)]
 pub struct Selector {
     opts: Options,
     header: u32,
+    /// The summary, once it is known to fit: it is part of the result.
+    prelude: Option<Prelude>,
     state: BudgetState,
     first: Option<SelectedTurn>,
     /// Newest first.
@@ -247,6 +282,7 @@ impl Selector {
             first: None,
             chosen: Vec::new(),
             stopped: None,
+            prelude: None,
         }
     }
 
@@ -254,9 +290,33 @@ impl Selector {
         &self.opts
     }
 
-    /// The header's count under the read's encoding (0 for `messages`).
+    /// Begins with a summary: it comes first and counts first; if it does
+    /// not fit, nothing is returned (`false`).
+    pub fn open_with(&mut self, summary: Prelude) -> bool {
+        let why = if summary.alone > self.opts.max_tokens {
+            Some(StoppedBy::MaxTokens)
+        } else if summary.bytes > self.opts.max_bytes {
+            Some(StoppedBy::MaxBytes)
+        } else {
+            None
+        };
+        match why {
+            Some(why) => {
+                self.stopped = Some(why);
+                false
+            }
+            None => {
+                self.state.bytes = summary.bytes;
+                self.prelude = Some(summary);
+                true
+            }
+        }
+    }
+
+    /// What every rendering with a turn in it counts besides its turns:
+    /// the history's header (0 for `messages`), and the summary's block.
     pub fn header(&self) -> u32 {
-        self.header
+        self.header + self.prelude.map_or(0, |p| p.joined)
     }
 
     pub fn state(&self) -> BudgetState {
@@ -329,15 +389,16 @@ impl Selector {
 
     pub fn finish(self) -> Selection {
         let token_count = match self.state.newest {
-            None => 0,
+            None => self.prelude.map_or(0, |p| p.alone),
             Some((_, last)) => {
-                let total = u64::from(self.header) + self.state.inner_sum + u64::from(last);
+                let total = u64::from(self.header()) + self.state.inner_sum + u64::from(last);
                 u32::try_from(total).unwrap_or(u32::MAX)
             }
         };
         let mut turns: Vec<SelectedTurn> = self.first.into_iter().collect();
         turns.extend(self.chosen.into_iter().rev());
         Selection {
+            summary: self.prelude.is_some(),
             turns,
             token_count,
             bytes: self.state.bytes,
@@ -347,7 +408,7 @@ impl Selector {
 
     fn fits(&self, cost: Cost) -> Result<(), StoppedBy> {
         let s = &self.state;
-        let total = u64::from(self.header)
+        let total = u64::from(self.header())
             + s.inner_sum
             + if s.newest_may_change {
                 s.newest.map_or(0, |(inner, _)| u64::from(inner)) + u64::from(cost.last)

@@ -43,10 +43,12 @@ pub enum ProblemCode {
     NotAcceptable,
     RequestTimeout,
     Overloaded,
+    SummaryConflict,
+    SummaryNotFound,
 }
 
 impl ProblemCode {
-    pub const ALL: [ProblemCode; 16] = [
+    pub const ALL: [ProblemCode; 18] = [
         ProblemCode::ValidationFailed,
         ProblemCode::PayloadTooLarge,
         ProblemCode::Unauthorized,
@@ -63,6 +65,8 @@ impl ProblemCode {
         ProblemCode::NotAcceptable,
         ProblemCode::RequestTimeout,
         ProblemCode::Overloaded,
+        ProblemCode::SummaryConflict,
+        ProblemCode::SummaryNotFound,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +88,8 @@ impl ProblemCode {
             NotAcceptable => "not_acceptable",
             RequestTimeout => "request_timeout",
             Overloaded => "overloaded",
+            SummaryConflict => "summary_conflict",
+            SummaryNotFound => "summary_not_found",
         }
     }
 
@@ -171,6 +177,16 @@ impl ProblemCode {
                 "Overloaded",
                 "too many requests in flight; retry later",
             ),
+            SummaryConflict => (
+                StatusCode::CONFLICT,
+                "Summary conflict",
+                "the stored summary does not cover what this write expects (or covers more); read it, fold what it does not cover, and write again; nothing was written",
+            ),
+            SummaryNotFound => (
+                StatusCode::NOT_FOUND,
+                "Summary not found",
+                "the session has no summary (or no live session has this id)",
+            ),
         }
     }
 
@@ -190,6 +206,8 @@ pub enum ApiError {
     StoreUnready(String),
     /// 429 `too_many_pending_turns`, with `Retry-After`.
     TooManyPendingTurns { retry_after: std::time::Duration },
+    /// 409 `summary_conflict`, saying what the stored summary covers.
+    SummaryConflict { stored: u64 },
     /// Any other problem, with its code's own detail.
     Code(ProblemCode),
 }
@@ -234,6 +252,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => ProblemCode::PayloadTooLarge,
             ApiError::StoreUnready(_) => ProblemCode::StoreUnavailable,
             ApiError::TooManyPendingTurns { .. } => ProblemCode::TooManyPendingTurns,
+            ApiError::SummaryConflict { .. } => ProblemCode::SummaryConflict,
             ApiError::Code(code) => *code,
         }
     }
@@ -251,6 +270,12 @@ impl ApiError {
                 Some(errors),
             ),
             ApiError::PayloadTooLarge(detail) | ApiError::StoreUnready(detail) => (detail, None),
+            ApiError::SummaryConflict { stored } => (
+                format!(
+                    "the stored summary covers through seq {stored} (0: there is none); nothing was written"
+                ),
+                None,
+            ),
             ApiError::TooManyPendingTurns { .. } | ApiError::Code(_) => (detail.to_owned(), None),
         };
         Problem {
@@ -304,6 +329,11 @@ impl From<StoreError> for ApiError {
             StoreError::TooManyPendingTurns { retry_after } => {
                 ApiError::TooManyPendingTurns { retry_after }
             }
+            StoreError::SummaryConflict { stored } => ApiError::SummaryConflict { stored },
+            StoreError::SummaryBeyond { newest } => ApiError::field(
+                "through_seq",
+                format!("must be at most the newest finalized seq ({newest})"),
+            ),
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "store unavailable");
                 ProblemCode::StoreUnavailable.into()

@@ -16,7 +16,7 @@ use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::{self, Format, Message, Options, SelectedTurn, StoppedBy};
-use crate::store::StoredHistory;
+use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::Encoding;
 use crate::turn::{TurnView, now_millis, rfc3339};
 
@@ -72,6 +72,10 @@ pub struct HistoryParams {
     /// `en`: render the English copies of the turns that have them
     /// (`user_query_en`, `final_answer_en`), the originals elsewhere.
     pub lang: Option<Language>,
+    /// Begin with the session's summary (if it has one): it counts first
+    /// towards `max_tokens` (if it does not fit, nothing is returned), then
+    /// come the newest turns it does not cover.
+    pub summary: Option<bool>,
 }
 
 /// The language of a rendering: `en` for the English copies.
@@ -135,6 +139,7 @@ impl HistoryParams {
             after_seq: self.after_seq.unwrap_or(0),
             through_seq: self.through_seq.unwrap_or(u64::MAX),
             english: self.lang == Some(Language::En),
+            summary: self.summary.unwrap_or(false),
         })
     }
 }
@@ -210,6 +215,72 @@ impl From<SelectedTurn> for Turn {
     }
 }
 
+/// A session's rolling summary.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "summary": "Alice is choosing a vector index for 2M documents; HNSW was recommended over IVF for recall.",
+    "through_seq": 12,
+    "token_count": 22,
+    "updated_at": "2026-11-25T10:20:41.210Z"
+}))]
+pub struct Summary {
+    pub summary: String,
+    /// It covers every turn with `seq` up to this.
+    #[schema(minimum = 1)]
+    pub through_seq: u64,
+    /// Its tokens alone, in the encoding of the response it is in (the
+    /// server's for `GET .../summary`).
+    pub token_count: u32,
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+}
+
+impl Summary {
+    /// As counted in `encoding` (the stored count when it is in that one).
+    pub fn of(s: &StoredSummary, encoding: Encoding) -> Self {
+        Summary {
+            summary: s.text.clone(),
+            through_seq: s.through_seq,
+            token_count: if s.tokens.encoding == encoding {
+                s.tokens.text
+            } else {
+                encoding.count(&s.text)
+            },
+            updated_at: rfc3339(s.updated_at),
+        }
+    }
+}
+
+/// The finalized turns a history neither returns nor covers with its
+/// summary: what a client folds into the next summary (read them with
+/// `after_seq`/`through_seq`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"after_seq": 12, "through_seq": 15, "turns": 3, "tokens": 412}))]
+pub struct UnsummarizedOut {
+    /// What the summary covers (0: there is none); the turns are above.
+    pub after_seq: u64,
+    /// The newest of them.
+    pub through_seq: u64,
+    pub turns: u64,
+    /// The tokens of their blocks as the `text` rendering would render them
+    /// (without the header), in the response's encoding; `null` when the
+    /// session's turns are not all counted in that encoding (read with the
+    /// server's encoding to get them).
+    #[schema(required = true)]
+    pub tokens: Option<u32>,
+}
+
+impl From<Unsummarized> for UnsummarizedOut {
+    fn from(u: Unsummarized) -> Self {
+        UnsummarizedOut {
+            after_seq: u.after_seq,
+            through_seq: u.through_seq,
+            turns: u.turns,
+            tokens: u.tokens,
+        }
+    }
+}
+
 /// The history, budgeted and rendered in one format.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
@@ -223,7 +294,8 @@ impl From<SelectedTurn> for Turn {
     "omitted_turns": 0,
     "pending_turns": 0,
     "stopped_by": null,
-    "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector."
+    "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
+    "unsummarized": null
 }))]
 pub struct HistoryResponse {
     #[schema(value_type = SessionId)]
@@ -261,6 +333,15 @@ pub struct HistoryResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub turns: Option<Vec<Turn>>,
+    /// `format=turns` with `summary=true`: the summary the history begins
+    /// with (absent when there is none, or it did not fit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub summary: Option<Summary>,
+    /// The finalized turns neither returned nor covered by the summary, or
+    /// `null` when there are none.
+    #[schema(required = true)]
+    pub unsummarized: Option<UnsummarizedOut>,
 }
 
 impl HistoryResponse {
@@ -281,12 +362,23 @@ impl HistoryResponse {
             rendered: None,
             messages: None,
             turns: None,
+            summary: None,
+            unsummarized: stored.unsummarized.map(UnsummarizedOut::from),
         };
+        let summary = stored.summary.as_ref().map(|s| s.text.as_str());
         match opts.format {
-            Format::Text => out.rendered = Some(history::render_text(&selection.turns)),
-            Format::Messages => out.messages = Some(history::messages(selection.turns)),
+            Format::Text => {
+                out.rendered = Some(history::render_text_with(summary, &selection.turns))
+            }
+            Format::Messages => {
+                out.messages = Some(history::messages_with(summary, selection.turns))
+            }
             Format::Turns => {
-                out.turns = Some(selection.turns.into_iter().map(Turn::from).collect())
+                out.turns = Some(selection.turns.into_iter().map(Turn::from).collect());
+                out.summary = stored
+                    .summary
+                    .as_ref()
+                    .map(|s| Summary::of(s, opts.encoding));
             }
         }
         out

@@ -8,6 +8,7 @@ mod history;
 mod ops;
 mod sessions;
 mod spec;
+mod summaries;
 mod turns;
 mod users;
 mod valid;
@@ -81,6 +82,11 @@ fn routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(turns::abort_turn))
         .routes(routes!(history::get_history))
         .routes(routes!(sessions::get_session, sessions::clear_session))
+        .routes(routes!(
+            summaries::put_summary,
+            summaries::get_summary,
+            summaries::delete_summary
+        ))
         .routes(routes!(users::list_user_sessions))
         .routes(routes!(users::erase_user))
         .split_for_parts();

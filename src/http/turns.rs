@@ -74,7 +74,8 @@ pub struct StartTurnRequest {
         "omitted_turns": 0,
         "pending_turns": 0,
         "stopped_by": null,
-        "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector."
+        "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
+        "unsummarized": null
     }
 }))]
 pub struct StartTurnResponse {

@@ -8,7 +8,31 @@
 //! (health checks among them) and a request dropped at its timeout stops
 //! within a slice.
 
-use crate::history::{Candidate, Selector};
+use crate::history::{Candidate, Options, Prelude, Selector};
+use crate::store::StoredSummary;
+use crate::tokens::SummaryTokens;
+
+/// Texts longer than this are counted on the blocking pool.
+const COUNT_INLINE_BYTES: usize = 16 * 1024;
+
+/// What the summary adds before the turns under the read's encoding: its
+/// stored counts when they apply, else counted now.
+pub(crate) async fn prelude(summary: &StoredSummary, read: &Options) -> Prelude {
+    let bytes = summary.text.len() as u64;
+    if summary.tokens.encoding == read.encoding {
+        return Prelude::of(read.format, &summary.tokens, bytes);
+    }
+    let (text, enc) = (summary.text.clone(), read.encoding);
+    let tokens = if text.len() > COUNT_INLINE_BYTES {
+        match tokio::task::spawn_blocking(move || SummaryTokens::count(enc, &text)).await {
+            Ok(t) => t,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    } else {
+        SummaryTokens::count(enc, &text)
+    };
+    Prelude::of(read.format, &tokens, bytes)
+}
 
 pub(crate) const SLICE_TURNS: usize = 64;
 pub(crate) const SLICE_BYTES: usize = 256 * 1024;

@@ -10,12 +10,13 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
-    ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Limits, Pace, SessionInfo, SessionSummary,
-    SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, next_index_time,
+    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Limits, Pace, SessionInfo,
+    SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory,
+    StoredSummary, SummaryWrite, Unreturned, Unsummarized, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::{Candidate, Content, Copies, Format, Options, Selector};
-use crate::store::counting::offer_all;
+use crate::store::counting::{self, offer_all};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
 
 #[derive(Clone)]
@@ -68,6 +69,9 @@ struct Session {
     idempotency: HashMap<String, (TurnId, String)>,
     /// How long the owner's index entry reaches (`Limits::index_needed`).
     indexed_until: Millis,
+    summary: Option<StoredSummary>,
+    /// The encoding the finalized turns' counts are in (as Redis tracks it).
+    counts_in: CountsIn,
 }
 
 impl Session {
@@ -119,7 +123,11 @@ impl Session {
     /// and looks at one candidate past what it takes; so the copy stops
     /// there, bounded by what the read returns, not by what is stored.
     fn gather(&self, read: &Options, before_seq: u64, now: Instant) -> Gathered {
-        let lo = read.after_seq.saturating_add(1);
+        let summary = self.summary.as_ref().filter(|_| read.summary);
+        let lo = read
+            .after_seq
+            .max(summary.map_or(0, |s| s.through_seq))
+            .saturating_add(1);
         let hi = read.through_seq.min(before_seq.saturating_sub(1));
         let whole = lo <= 1
             && self
@@ -132,6 +140,9 @@ impl Session {
                 .live_pending(now)
                 .filter(|(p, _)| p.seq < before_seq)
                 .count() as u64,
+            summary: summary.cloned(),
+            covered: self.summary.as_ref().map_or(0, |s| s.through_seq),
+            before_seq,
             ..Gathered::default()
         };
         if lo > hi {
@@ -146,7 +157,7 @@ impl Session {
         if read.keep_first {
             g.first = range.next().map(|(_, t)| candidate(t, read));
         }
-        let mut bytes = 0u64;
+        let mut bytes = summary.map_or(0, |s| s.text.len() as u64);
         for (_, t) in range.rev() {
             if g.newest_first.len() > read.limit || bytes > read.max_bytes {
                 break;
@@ -168,19 +179,78 @@ struct Gathered {
     user_id: Option<String>,
     total_turns: u64,
     pending_turns: u64,
+    /// The summary the read begins with, if it asks and there is one.
+    summary: Option<StoredSummary>,
+    /// What the stored summary covers (0: none).
+    covered: u64,
+    before_seq: u64,
     first: Option<Candidate>,
     newest_first: Vec<Candidate>,
 }
 
 impl Gathered {
-    async fn select(self, read: &Options) -> StoredHistory {
-        let sel = offer_all(Selector::new(read), self.first, self.newest_first).await;
-        StoredHistory {
+    async fn select(self, read: &Options) -> (StoredHistory, Unreturned) {
+        let mut sel = Selector::new(read);
+        let opened = match &self.summary {
+            Some(s) => sel.open_with(counting::prelude(s, read).await),
+            None => true,
+        };
+        if opened {
+            sel = offer_all(sel, self.first, self.newest_first).await;
+        }
+        let selection = sel.finish();
+        let unreturned = Unreturned::of(&selection, read, self.covered, self.before_seq);
+        let history = StoredHistory {
             user_id: self.user_id,
             total_turns: self.total_turns,
             pending_turns: self.pending_turns,
-            selection: sel.finish(),
+            summary: self.summary.filter(|_| selection.summary),
+            unsummarized: None,
+            selection,
+        };
+        (history, unreturned)
+    }
+}
+
+impl Session {
+    /// The turns of `u` (see `Unreturned`): how many, and their tokens
+    /// under the read's encoding and language when every turn of the
+    /// session is counted in that encoding (as Redis decides from its
+    /// sums); `None` when there are none.
+    fn unsummarized(&self, u: Unreturned, read: &Options) -> Option<Unsummarized> {
+        if u.is_empty() {
+            return None;
         }
+        let turns = self
+            .finalized
+            .range(u.covered + 1..u.below)
+            .filter(|(seq, _)| Some(**seq) != u.skip)
+            .map(|(_, t)| t);
+        let newest = turns.clone().next_back()?;
+        let costs = |t: &FinalizedTurn| {
+            if read.english {
+                t.english_costs()
+            } else {
+                t.costs()
+            }
+        };
+        let tokens = (self.counts_in == CountsIn::One(read.encoding)).then(|| {
+            let inner: u64 = turns
+                .clone()
+                .map(|t| {
+                    let c = costs(t);
+                    u64::from(c.query.user_line) + u64::from(c.answer.assistant_sep)
+                })
+                .sum();
+            let last = costs(newest).answer;
+            inner - u64::from(last.assistant_sep) + u64::from(last.assistant_last)
+        });
+        Some(Unsummarized {
+            after_seq: u.covered,
+            through_seq: newest.seq(),
+            turns: turns.count() as u64,
+            tokens: tokens.and_then(|t| u32::try_from(t).ok()),
+        })
     }
 }
 
@@ -342,6 +412,8 @@ impl MemoryStore {
                 pending: HashMap::new(),
                 idempotency: HashMap::new(),
                 indexed_until: 0,
+                summary: None,
+                counts_in: CountsIn::Nothing,
             });
         self.expired_pending.inc_by(session.purge_pending(now));
         let claim = session.user_id.is_none() && req.user_id.is_some();
@@ -385,6 +457,17 @@ impl MemoryStore {
         Ok((started, history))
     }
 
+    /// Selects what a read gathered, then describes what it leaves
+    /// unsummarized (under the lock again: turns it did not copy).
+    async fn select(&self, session: &SessionId, g: Gathered, read: &Options) -> StoredHistory {
+        let (mut history, unreturned) = g.select(read).await;
+        history.unsummarized = self
+            .lock()
+            .live(session, Instant::now())
+            .and_then(|s| s.unsummarized(unreturned, read));
+        history
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves no half-written session:
         // every operation below mutates only after all its checks.
@@ -410,7 +493,7 @@ impl Store for MemoryStore {
     async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
         let (mut started, gathered) = self.start_locked(&req)?;
         if let (Some(g), Some(read)) = (gathered, req.history) {
-            started.history = Some(g.select(read).await);
+            started.history = Some(self.select(req.session_id, g, read).await);
         }
         Ok(started)
     }
@@ -438,6 +521,7 @@ impl Store for MemoryStore {
             end: end.clone(),
         };
         let view = done.view();
+        s.counts_in = s.counts_in.add(&done.costs(), false);
         s.finalized_seq.insert(turn, done.seq());
         s.finalized.insert(done.seq(), done);
         while s.finalized.len() > self.limits.max_turns as usize {
@@ -459,9 +543,14 @@ impl Store for MemoryStore {
         let key = if let Some((p, _)) = s.pending.remove(&turn) {
             p.idempotency_key
         } else if let Some(seq) = s.finalized_seq.remove(&turn) {
-            s.finalized
+            let key = s
+                .finalized
                 .remove(&seq)
-                .and_then(|t| t.start.idempotency_key)
+                .and_then(|t| t.start.idempotency_key);
+            if s.finalized.is_empty() {
+                s.counts_in = CountsIn::Nothing;
+            }
+            key
         } else {
             return Err(StoreError::TurnNotFound);
         };
@@ -480,7 +569,7 @@ impl Store for MemoryStore {
             Some(s) => s.gather(read, u64::MAX, now),
             None => Gathered::default(),
         };
-        Ok(gathered.select(read).await)
+        Ok(self.select(session, gathered, read).await)
     }
 
     async fn session_info(
@@ -611,6 +700,69 @@ impl Store for MemoryStore {
             deleted_sessions,
             complete: true,
         })
+    }
+
+    async fn put_summary(&self, w: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let state = &mut *state;
+        let Some(s) = state.live(w.session_id, now) else {
+            return Err(StoreError::SummaryBeyond { newest: 0 });
+        };
+        if let (Some(owner), Some(user)) = (&s.user_id, w.user_id)
+            && owner != user
+        {
+            return Err(StoreError::OwnerMismatch);
+        }
+        let stored = s.summary.as_ref().map_or(0, |s| s.through_seq);
+        if w.expected_through_seq.is_some_and(|e| e != stored) || w.through_seq < stored {
+            return Err(StoreError::SummaryConflict { stored });
+        }
+        let newest = s.finalized.last_key_value().map_or(0, |(seq, _)| *seq);
+        if w.through_seq > newest {
+            return Err(StoreError::SummaryBeyond { newest });
+        }
+        // The session lives on: its owner's index entry must reach as far.
+        let needed = w.now.saturating_add(super::ms(self.limits.index_needed()));
+        if let Some(owner) = s.user_id.clone()
+            && s.indexed_until < needed
+        {
+            let index = state.users.entry(owner.clone()).or_default();
+            let top = index.by_time.last_key_value().map(|(t, _)| *t);
+            let time = next_index_time(w.now, self.limits.index_horizon(), top, 0);
+            index.put(w.session_id, time);
+            if let Some(s) = state.sessions.get_mut(w.session_id) {
+                s.indexed_until = time;
+            }
+        }
+        let Some(s) = state.sessions.get_mut(w.session_id) else {
+            return Err(StoreError::SummaryBeyond { newest: 0 });
+        };
+        let summary = StoredSummary {
+            text: w.text.to_owned(),
+            through_seq: w.through_seq,
+            updated_at: w.now,
+            tokens: *w.tokens,
+        };
+        s.summary = Some(summary.clone());
+        s.expires = now + self.limits.session_ttl;
+        Ok(summary)
+    }
+
+    async fn summary(&self, session: &SessionId) -> Result<Option<StoredSummary>, StoreError> {
+        let now = Instant::now();
+        Ok(self
+            .lock()
+            .live(session, now)
+            .and_then(|s| s.summary.clone()))
+    }
+
+    async fn delete_summary(&self, session: &SessionId) -> Result<(), StoreError> {
+        let now = Instant::now();
+        if let Some(s) = self.lock().live(session, now) {
+            s.summary = None;
+        }
+        Ok(())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

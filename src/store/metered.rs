@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{
     Erased, Finalized, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started, Store,
-    StoreError, StoredHistory,
+    StoreError, StoredHistory, StoredSummary, SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
@@ -108,6 +108,20 @@ impl Store for Metered {
 
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
         self.time("erase_user", self.inner.erase_user(user, budget))
+            .await
+    }
+
+    async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {
+        self.time("put_summary", self.inner.put_summary(write))
+            .await
+    }
+
+    async fn summary(&self, session: &SessionId) -> Result<Option<StoredSummary>, StoreError> {
+        self.time("summary", self.inner.summary(session)).await
+    }
+
+    async fn delete_summary(&self, session: &SessionId) -> Result<(), StoreError> {
+        self.time("delete_summary", self.inner.delete_summary(session))
             .await
     }
 

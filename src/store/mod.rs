@@ -16,6 +16,7 @@ pub use self::metered::Metered;
 pub use self::redis::RedisStore;
 use crate::domain::{IdempotencyKey, SessionId, TurnId, UserId};
 use crate::history::{Options, Selection};
+use crate::tokens::{Encoding, SummaryTokens, TurnCosts};
 use crate::turn::{Finalization, Millis, NewPendingTurn, TurnView};
 
 /// Lifetimes and bounds every backend enforces.
@@ -131,6 +132,105 @@ pub struct StoredHistory {
     pub total_turns: u64,
     pub pending_turns: u64,
     pub selection: Selection,
+    /// The summary the rendering begins with (`selection.summary`).
+    pub summary: Option<StoredSummary>,
+    /// The finalized turns neither returned nor covered by the summary.
+    pub unsummarized: Option<Unsummarized>,
+}
+
+/// A session's rolling summary, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredSummary {
+    pub text: String,
+    /// It covers every turn with `seq <= through_seq`.
+    pub through_seq: u64,
+    pub updated_at: Millis,
+    pub tokens: SummaryTokens,
+}
+
+/// A summary write (`PUT .../summary`).
+#[derive(Debug)]
+pub struct SummaryWrite<'a> {
+    pub session_id: &'a SessionId,
+    /// Checked against the owner; a write does not claim a session.
+    pub user_id: Option<&'a UserId>,
+    pub text: &'a str,
+    pub through_seq: u64,
+    /// Write only if the stored summary covers exactly this (0: none yet).
+    pub expected_through_seq: Option<u64>,
+    pub tokens: &'a SummaryTokens,
+    pub now: Millis,
+}
+
+/// What a history does not show and no summary covers: the finalized
+/// turns with `after_seq < seq <= through_seq` (but the one `keep_first`
+/// returns): how many, and the tokens of their `text` blocks in the read's
+/// encoding (`None` when counting them would take more than a read may).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unsummarized {
+    pub after_seq: u64,
+    pub through_seq: u64,
+    pub turns: u64,
+    pub tokens: Option<u32>,
+}
+
+/// The encoding the counts of every finalized turn of a session are in, as
+/// both stores track it (Redis: the letter of the sums, `ts`): a read in
+/// that encoding can sum stored counts for what it does not return.
+/// `Several` sticks until the session holds no finalized turn.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum CountsIn {
+    #[default]
+    Nothing,
+    One(Encoding),
+    Several,
+}
+
+impl CountsIn {
+    /// After a turn with these costs is finalized.
+    pub fn add(self, costs: &TurnCosts, retired: bool) -> Self {
+        let one = (costs.query.encoding == costs.answer.encoding && !retired)
+            .then_some(costs.query.encoding);
+        match (self, one) {
+            (CountsIn::Nothing, Some(e)) => CountsIn::One(e),
+            (CountsIn::One(a), Some(b)) if a == b => self,
+            _ => CountsIn::Several,
+        }
+    }
+}
+
+/// Where the unsummarized turns of a read lie: above what the summary
+/// covers, below the newest run the read returned (or its upper bound when
+/// it returned none), but the reserved first turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unreturned {
+    pub covered: u64,
+    pub below: u64,
+    pub skip: Option<u64>,
+}
+
+impl Unreturned {
+    /// `covered`: the stored summary's `through_seq` (0: none);
+    /// `before_seq`: a start's own seq (`u64::MAX` for a history read).
+    pub fn of(selection: &Selection, read: &Options, covered: u64, before_seq: u64) -> Self {
+        let turns = &selection.turns;
+        let (first, run) = match turns.split_first() {
+            Some((f, rest)) if read.keep_first => (Some(f.turn.seq), rest),
+            _ => (None, &turns[..]),
+        };
+        let upper = read.through_seq.min(before_seq.saturating_sub(1));
+        let below = run.first().map_or(upper.saturating_add(1), |t| t.turn.seq);
+        Unreturned {
+            covered,
+            below,
+            skip: first.filter(|f| *f > covered && *f < below),
+        }
+    }
+
+    /// Whether no finalized turn can lie in the range.
+    pub fn is_empty(&self) -> bool {
+        self.below <= self.covered.saturating_add(1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,6 +294,13 @@ pub enum StoreError {
     /// The store answered with something this version cannot read.
     #[error("unreadable store data: {0}")]
     Corrupt(String),
+    /// The stored summary covers `stored` turns, not what the write
+    /// expected, or more than it would.
+    #[error("the stored summary covers through seq {stored}")]
+    SummaryConflict { stored: u64 },
+    /// The summary would cover turns past the newest finalized one.
+    #[error("the newest finalized turn is {newest}")]
+    SummaryBeyond { newest: u64 },
 }
 
 #[async_trait]
@@ -247,6 +354,14 @@ pub trait Store: Send + Sync + 'static {
     /// fits in `budget` (see `Pace`); a later call continues with what is
     /// left.
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError>;
+
+    /// Writes the session's summary (see `SummaryWrite`), slides the TTL.
+    async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError>;
+
+    async fn summary(&self, session: &SessionId) -> Result<Option<StoredSummary>, StoreError>;
+
+    /// Deletes the summary; fine if there is none.
+    async fn delete_summary(&self, session: &SessionId) -> Result<(), StoreError>;
 
     /// Succeeds when the store answers.
     async fn ping(&self) -> Result<(), StoreError>;

@@ -49,6 +49,7 @@ mod edge;
 mod model;
 mod pending;
 mod reads;
+mod summaries;
 mod translations;
 mod users;
 

@@ -11,10 +11,12 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use turnstore::domain::{IdempotencyKey, SessionId, TurnId, UserId};
-use turnstore::history::{Format, MESSAGE_OVERHEAD, Options, Selection, messages, render_text};
+use turnstore::history::{
+    Format, MESSAGE_OVERHEAD, Options, Selection, messages_with, render_text, render_text_with,
+};
 use turnstore::metrics::Metrics;
-use turnstore::store::{Limits, MemoryStore, StartTurn, Store, StoreError};
-use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens};
+use turnstore::store::{Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite};
+use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens};
 use turnstore::turn::{English, Finalization, Millis, NewPendingTurn};
 use turnstore::{Settings, app};
 
@@ -64,6 +66,7 @@ struct Read {
     after_seq: u64,
     through_seq: Option<u64>,
     english: bool,
+    summary: bool,
 }
 
 impl Read {
@@ -80,6 +83,7 @@ impl Read {
             after_seq: self.after_seq,
             through_seq: self.through_seq.unwrap_or(u64::MAX),
             english: self.english,
+            summary: self.summary,
         }
     }
 }
@@ -110,6 +114,21 @@ enum Op {
         read: Read,
     },
     Info {
+        session: usize,
+    },
+    /// A summary write: through the newest finalized seq less `back`, with
+    /// or without the expected coverage (right or off by one).
+    PutSummary {
+        session: usize,
+        text: usize,
+        back: u64,
+        expected: Option<i64>,
+        user: Option<usize>,
+    },
+    GetSummary {
+        session: usize,
+    },
+    DeleteSummary {
         session: usize,
     },
     Clear {
@@ -144,12 +163,21 @@ fn read() -> impl Strategy<Value = Read> {
             0u64..4,
             proptest::option::of(0u64..8),
             any::<bool>(),
+            any::<bool>(),
         ),
     )
         .prop_map(
             |(
                 (limit, max_tokens, max_bytes, format, encoding),
-                (max_query_chars, max_answer_chars, keep_first, after_seq, through_seq, english),
+                (
+                    max_query_chars,
+                    max_answer_chars,
+                    keep_first,
+                    after_seq,
+                    through_seq,
+                    english,
+                    summary,
+                ),
             )| Read {
                 limit,
                 max_tokens,
@@ -162,6 +190,7 @@ fn read() -> impl Strategy<Value = Read> {
                 after_seq,
                 through_seq,
                 english,
+                summary,
             },
         )
 }
@@ -183,6 +212,12 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (s.clone(), 0usize..8).prop_map(|(session, turn)| Op::Delete { session, turn }),
         4 => (s.clone(), read()).prop_map(|(session, read)| Op::History { session, read }),
         1 => s.clone().prop_map(|session| Op::Info { session }),
+        2 => (s.clone(), 0..TEXT_COUNT, 0u64..4, proptest::option::of(-1i64..2),
+              proptest::option::of(0..USERS))
+            .prop_map(|(session, text, back, expected, user)|
+                Op::PutSummary { session, text, back, expected, user }),
+        1 => s.clone().prop_map(|session| Op::GetSummary { session }),
+        1 => s.clone().prop_map(|session| Op::DeleteSummary { session }),
         1 => s.prop_map(|session| Op::Clear { session }),
         1 => (0..USERS, 1usize..3).prop_map(|(user, limit)| Op::List { user, limit }),
         1 => (0..USERS).prop_map(|user| Op::Erase { user }),
@@ -262,12 +297,13 @@ impl Pair {
                 let query = self.texts[*text].clone();
                 let query = query.as_str();
                 let tokens = QueryTokens::count(self.encoding, query);
+                // What a request hash is made of (no spaces, as hex digests).
+                let hash = format!("h{text}-{}", english.map_or(99, |e| e));
                 let english = english.map(|e| English {
                     text: self.texts[e].clone(),
                     tokens: QueryTokens::count(self.encoding, &self.texts[e]),
                 });
                 let key = key.map(|k| IdempotencyKey::parse(format!("k{k}")).unwrap());
-                let hash = format!("h{text}-{english:?}");
                 let options = read.as_ref().map(Read::options);
                 let start = || StartTurn {
                     session_id: &self.sessions[*session],
@@ -334,13 +370,81 @@ impl Pair {
                 let (s, o) = (&self.sessions[*session], read.options());
                 let m = self.memory.history(s, &o, now).await;
                 if let Ok(h) = &m {
-                    let fresh = fresh_count(&h.selection, &o);
+                    let summary = h.summary.as_ref().map(|s| s.text.as_str());
+                    let fresh = fresh_count(summary, &h.selection, &o);
                     if h.selection.token_count != fresh {
                         // Shown as a difference, so the comparison fails too.
                         return (format!("counted {fresh}"), shown(m));
                     }
+                    if let Some(wrong) = self.unsummarized_miscounted(s, h, &o).await {
+                        return (wrong, shown(m));
+                    }
                 }
                 (shown(m), shown(self.redis.history(s, &o, now).await))
+            }
+            Op::PutSummary {
+                session,
+                text,
+                back,
+                expected,
+                user,
+            } => {
+                let s = &self.sessions[*session];
+                // Aim at what the session holds: its newest finalized seq
+                // (from the memory store), less `back`.
+                let read = Options {
+                    limit: 1,
+                    max_tokens: u32::MAX,
+                    max_bytes: u64::MAX,
+                    format: Format::Turns,
+                    encoding: self.encoding,
+                    max_query_chars: Some(1),
+                    max_answer_chars: Some(1),
+                    keep_first: false,
+                    after_seq: 0,
+                    through_seq: u64::MAX,
+                    english: false,
+                    summary: false,
+                };
+                let newest = match self.memory.history(s, &read, now).await {
+                    Ok(h) => h.selection.turns.last().map_or(0, |t| t.turn.seq),
+                    Err(_) => 0,
+                };
+                let stored = match self.memory.summary(s).await {
+                    Ok(Some(x)) => x.through_seq,
+                    _ => 0,
+                };
+                let through_seq = newest.saturating_sub(*back).max(1);
+                let expected = expected.map(|e| (stored as i64 + e).max(0) as u64);
+                let text = self.texts[*text].clone();
+                let tokens = SummaryTokens::count(self.encoding, &text);
+                let write = || SummaryWrite {
+                    session_id: s,
+                    user_id: user.map(|u| &self.users[u]),
+                    text: &text,
+                    through_seq,
+                    expected_through_seq: expected,
+                    tokens: &tokens,
+                    now,
+                };
+                (
+                    shown(self.memory.put_summary(write()).await),
+                    shown(self.redis.put_summary(write()).await),
+                )
+            }
+            Op::GetSummary { session } => {
+                let s = &self.sessions[*session];
+                (
+                    shown(self.memory.summary(s).await),
+                    shown(self.redis.summary(s).await),
+                )
+            }
+            Op::DeleteSummary { session } => {
+                let s = &self.sessions[*session];
+                (
+                    shown(self.memory.delete_summary(s).await),
+                    shown(self.redis.delete_summary(s).await),
+                )
             }
             Op::Info { session } => {
                 let s = &self.sessions[*session];
@@ -398,6 +502,43 @@ impl Pair {
         }
     }
 
+    /// Whether the memory store's unsummarized tokens differ from a fresh
+    /// count of those turns' blocks (a range read of them, less its header).
+    async fn unsummarized_miscounted(
+        &self,
+        s: &SessionId,
+        h: &turnstore::store::StoredHistory,
+        o: &Options,
+    ) -> Option<String> {
+        let u = h.unsummarized?;
+        let tokens = u.tokens?;
+        if o.keep_first {
+            return None; // the range would hold the reserved turn
+        }
+        let range = Options {
+            limit: usize::MAX,
+            max_tokens: u32::MAX,
+            max_bytes: u64::MAX,
+            format: Format::Text,
+            max_query_chars: None,
+            max_answer_chars: None,
+            keep_first: false,
+            after_seq: u.after_seq,
+            through_seq: u.through_seq,
+            summary: false,
+            ..o.clone()
+        };
+        let r = self.memory.history(s, &range, self.now).await.ok()?;
+        let text = render_text(&r.selection.turns);
+        let fresh = o.encoding.count(&text) - o.encoding.count(turnstore::tokens::HEADER);
+        (r.selection.turns.len() as u64 != u.turns || fresh != tokens).then(|| {
+            format!(
+                "unsummarized {u:?}, counted {fresh} in {} turns",
+                r.selection.turns.len()
+            )
+        })
+    }
+
     fn pick(&self, session: usize, i: usize) -> Option<TurnId> {
         let turns = &self.turns[session];
         (!turns.is_empty()).then(|| turns[i % turns.len()])
@@ -405,10 +546,10 @@ impl Pair {
 }
 
 /// The count of a selection's rendering, taken afresh.
-fn fresh_count(s: &Selection, o: &Options) -> u32 {
+fn fresh_count(summary: Option<&str>, s: &Selection, o: &Options) -> u32 {
     match o.format {
-        Format::Text | Format::Turns => o.encoding.count(&render_text(&s.turns)),
-        Format::Messages => messages(s.turns.clone())
+        Format::Text | Format::Turns => o.encoding.count(&render_text_with(summary, &s.turns)),
+        Format::Messages => messages_with(summary, s.turns.clone())
             .iter()
             .map(|m| o.encoding.count(&m.content) + MESSAGE_OVERHEAD)
             .sum(),
@@ -504,6 +645,19 @@ fn memory_and_redis_agree_at_every_budget() {
             let (m, r) = pair.apply(&finalize).await;
             assert_eq!(m, r, "{text:?}");
         }
+        // A summary of the three oldest turns; reads with summary=true
+        // begin with it (its counts in the session's encoding, or counted
+        // when read in another).
+        let put = Op::PutSummary {
+            session: 0,
+            text: 9,
+            back: TEXT_COUNT as u64 - 3,
+            expected: Some(0),
+            user: None,
+        };
+        let (m, r) = pair.apply(&put).await;
+        assert_eq!(m, r);
+        assert!(m.contains("through_seq: 3"), "{m}");
         for format in [Format::Text, Format::Messages, Format::Turns] {
             for (keep_first, english) in
                 [(false, false), (true, false), (false, true), (true, true)]
@@ -521,6 +675,8 @@ fn memory_and_redis_agree_at_every_budget() {
                         after_seq: 0,
                         through_seq: None,
                         english,
+                        // Half the reads begin with the summary.
+                        summary: max_tokens % 2 == 1,
                     };
                     // Also with turns the walk must hand over for counting:
                     // truncated, or in another encoding.

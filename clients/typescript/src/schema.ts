@@ -116,6 +116,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/summary": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get the summary
+         * @description The session's summary, its `token_count` in the server's encoding; 404
+         *     `summary_not_found` when it has none.
+         */
+        get: operations["get_summary"];
+        /**
+         * Write the summary
+         * @description Stores the session's rolling summary of every turn up to `through_seq`,
+         *     and slides the session's TTL. With `expected_through_seq`, only if the
+         *     stored summary covers exactly that far (compare-and-set). Reads with
+         *     `summary=true` begin with it.
+         */
+        put: operations["put_summary"];
+        post?: never;
+        /**
+         * Delete the summary
+         * @description Idempotent: 204 when there is none too.
+         */
+        delete: operations["delete_summary"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/users/{user_id}/sessions": {
         parameters: {
             query?: never;
@@ -345,6 +377,12 @@ export interface components {
              */
             through_seq?: number | null;
             lang?: components["schemas"]["Language"] | null;
+            /**
+             * @description Begin with the session's summary (if it has one): it counts first
+             *     towards `max_tokens` (if it does not fit, nothing is returned), then
+             *     come the newest turns it does not cover.
+             */
+            summary?: boolean | null;
         };
         /**
          * @description The history, budgeted and rendered in one format.
@@ -359,7 +397,8 @@ export interface components {
          *       "omitted_turns": 0,
          *       "pending_turns": 0,
          *       "stopped_by": null,
-         *       "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector."
+         *       "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
+         *       "unsummarized": null
          *     }
          */
         HistoryResponse: {
@@ -398,6 +437,12 @@ export interface components {
             messages?: components["schemas"]["Message"][];
             /** @description `format=turns`: the included turns, oldest first. */
             turns?: components["schemas"]["Turn"][];
+            /**
+             * @description `format=turns` with `summary=true`: the summary the history begins
+             *     with (absent when there is none, or it did not fit).
+             */
+            summary?: components["schemas"]["Summary"];
+            unsummarized: components["schemas"]["UnsummarizedOut"] | null;
         };
         /**
          * @description Makes a retried start return the turn the first try made.
@@ -463,12 +508,47 @@ export interface components {
          *     (one place: the responses and the OpenAPI document both read them here).
          * @enum {string}
          */
-        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded";
+        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found";
+        /**
+         * @description Writes the session's summary.
+         * @example {
+         *       "summary": "Alice is choosing a vector index for 2M documents; HNSW was recommended over IVF for recall.",
+         *       "through_seq": 12,
+         *       "expected_through_seq": 8
+         *     }
+         */
+        PutSummaryRequest: {
+            /**
+             * @description The summary of every turn with `seq <= through_seq`: not empty or
+             *     only whitespace (422), at most `TURNSTORE_MAX_SUMMARY_BYTES` bytes of
+             *     UTF-8 (413).
+             */
+            summary: string;
+            /**
+             * Format: int64
+             * @description At least the stored summary's (409 otherwise: a summary does not go
+             *     backwards; the same replaces its text), at most the newest finalized
+             *     turn's seq (422).
+             */
+            through_seq: number;
+            /**
+             * Format: int64
+             * @description Write only if the stored summary covers exactly this many turns' seqs
+             *     (0: there is none yet); otherwise 409 `summary_conflict`. Two
+             *     summarizers then never overwrite each other.
+             */
+            expected_through_seq?: number | null;
+            /**
+             * @description Checked against the session's owner as a start's is (403); a summary
+             *     does not claim an unowned session. `""` counts as absent.
+             */
+            user_id?: string | null;
+        };
         /**
          * @description Who says a message.
          * @enum {string}
          */
-        Role: "user" | "assistant";
+        Role: "system" | "user" | "assistant";
         /**
          * @description A session.
          * @example {
@@ -564,7 +644,8 @@ export interface components {
          *         "omitted_turns": 0,
          *         "pending_turns": 0,
          *         "stopped_by": null,
-         *         "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector."
+         *         "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
+         *         "unsummarized": null
          *       }
          *     }
          */
@@ -588,6 +669,31 @@ export interface components {
          * @enum {string}
          */
         StoppedBy: "limit" | "max_tokens" | "max_bytes";
+        /**
+         * @description A session's rolling summary.
+         * @example {
+         *       "summary": "Alice is choosing a vector index for 2M documents; HNSW was recommended over IVF for recall.",
+         *       "through_seq": 12,
+         *       "token_count": 22,
+         *       "updated_at": "2026-11-25T10:20:41.210Z"
+         *     }
+         */
+        Summary: {
+            summary: string;
+            /**
+             * Format: int64
+             * @description It covers every turn with `seq` up to this.
+             */
+            through_seq: number;
+            /**
+             * Format: int32
+             * @description Its tokens alone, in the encoding of the response it is in (the
+             *     server's for `GET .../summary`).
+             */
+            token_count: number;
+            /** Format: date-time */
+            updated_at: string;
+        };
         /**
          * @description A finalized turn.
          * @example {
@@ -632,6 +738,39 @@ export interface components {
          * @example 0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a
          */
         TurnId: string;
+        /**
+         * @description The finalized turns a history neither returns nor covers with its
+         *     summary: what a client folds into the next summary (read them with
+         *     `after_seq`/`through_seq`).
+         * @example {
+         *       "after_seq": 12,
+         *       "through_seq": 15,
+         *       "turns": 3,
+         *       "tokens": 412
+         *     }
+         */
+        UnsummarizedOut: {
+            /**
+             * Format: int64
+             * @description What the summary covers (0: there is none); the turns are above.
+             */
+            after_seq: number;
+            /**
+             * Format: int64
+             * @description The newest of them.
+             */
+            through_seq: number;
+            /** Format: int64 */
+            turns: number;
+            /**
+             * Format: int32
+             * @description The tokens of their blocks as the `text` rendering would render them
+             *     (without the header), in the response's encoding; `null` when the
+             *     session's turns are not all counted in that encoding (read with the
+             *     server's encoding to get them).
+             */
+            tokens: number | null;
+        };
         /**
          * @description The owner of sessions.
          * @example alice
@@ -726,6 +865,24 @@ export interface components {
         };
         /** @description `store_unavailable`: the store did not answer in time; retry later. `request_timeout`: the request took longer than the configured timeout; retry later. `overloaded`: too many requests in flight; retry later. */
         StoreUnavailableOrRequestTimeoutOrOverloaded: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `summary_conflict`: the stored summary does not cover what this write expects (or covers more); read it, fold what it does not cover, and write again; nothing was written. */
+        SummaryConflict: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `summary_not_found`: the session has no summary (or no live session has this id). */
+        SummaryNotFound: {
             headers: {
                 [name: string]: unknown;
             };
@@ -949,6 +1106,12 @@ export interface operations {
                  *     (`user_query_en`, `final_answer_en`), the originals elsewhere.
                  */
                 lang?: components["schemas"]["Language"];
+                /**
+                 * @description Begin with the session's summary (if it has one): it counts first
+                 *     towards `max_tokens` (if it does not fit, nothing is returned), then
+                 *     come the newest turns it does not cover.
+                 */
+                summary?: boolean;
             };
             header?: never;
             path: {
@@ -1023,6 +1186,90 @@ export interface operations {
         requestBody?: never;
         responses: {
             /** @description Deleted (or never existed) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            422: components["responses"]["ValidationFailed"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    get_summary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: components["schemas"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The summary */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Summary"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["SummaryNotFound"];
+            422: components["responses"]["ValidationFailed"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    put_summary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: components["schemas"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PutSummaryRequest"];
+            };
+        };
+        responses: {
+            /** @description Written */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Summary"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["SessionOwnerMismatch"];
+            409: components["responses"]["SummaryConflict"];
+            413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["ValidationFailed"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    delete_summary: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: components["schemas"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted (or there was none) */
             204: {
                 headers: {
                     [name: string]: unknown;

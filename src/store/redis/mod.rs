@@ -6,7 +6,8 @@
 //!
 //! - `conn.rs`: connections, standalone or cluster, and the store timeout.
 //! - `turns.rs`: start, finalize, delete; `reads.rs`: history pages and
-//!   session info; `users.rs`: the user index, listings and erasure.
+//!   session info; `summaries.rs`: a session's summary, and what reads
+//!   leave unsummarized; `users.rs`: the user index, listings and erasure.
 //! - `layout.rs`: the layout version, and migrations between versions.
 
 mod conn;
@@ -16,6 +17,7 @@ mod reads;
 mod record;
 mod reply;
 mod scripts;
+mod summaries;
 mod turns;
 mod users;
 
@@ -32,7 +34,7 @@ use self::keys::Keys;
 use self::scripts::Scripts;
 use super::{
     Erased, Finalized, Limits, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started, Store,
-    StoreError, StoredHistory,
+    StoreError, StoredHistory, StoredSummary, SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
@@ -159,6 +161,18 @@ impl Store for RedisStore {
 
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
         self.erase(user, budget).await
+    }
+
+    async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {
+        self.write_summary(write).await
+    }
+
+    async fn summary(&self, session: &SessionId) -> Result<Option<StoredSummary>, StoreError> {
+        self.read_summary(session).await
+    }
+
+    async fn delete_summary(&self, session: &SessionId) -> Result<(), StoreError> {
+        self.remove_summary(session).await
     }
 
     fn pool_status(&self) -> Option<PoolStatus> {

@@ -7,10 +7,11 @@ use super::RedisStore;
 use super::record;
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
+use super::summaries::{self, Described};
 use crate::domain::SessionId;
 use crate::history::{Candidate, Format, Options, Selector, StoppedBy};
-use crate::store::counting::offer_all;
-use crate::store::{SessionInfo, StoreError, StoredHistory};
+use crate::store::counting::{self, offer_all};
+use crate::store::{SessionInfo, StoreError, StoredHistory, StoredSummary, Unsummarized};
 use crate::turn::Millis;
 
 /// Numbers as a script unpacks them (`struct.unpack('>d…')`): one argument
@@ -26,11 +27,14 @@ pub(super) fn pack(out: &mut Vec<u8>, numbers: &[f64]) {
 /// them: the read's bounds and the selector's budget so far. `after`:
 /// lower seq bound; `before`: upper one (both excluded), `None` for the
 /// read's own.
+/// `first`: the read's first call, which may begin with the summary and
+/// describe what the read leaves unsummarized.
 pub(super) fn walk_args(
     sel: &Selector,
     after: u64,
     before: Option<u64>,
     keep_first: bool,
+    first: bool,
 ) -> Vec<u8> {
     let o = sel.options();
     let s = sel.state();
@@ -38,7 +42,7 @@ pub(super) fn walk_args(
     let (newest_inner, newest_last) = s
         .newest
         .map_or((-1.0, 0.0), |(i, l)| (f64::from(i), f64::from(l)));
-    let mut out = Vec::with_capacity(12 * 8 + 6);
+    let mut out = Vec::with_capacity(12 * 8 + 8);
     pack(
         &mut out,
         &[
@@ -62,17 +66,23 @@ pub(super) fn walk_args(
     out.push(u8::from(s.newest_may_change));
     out.push(u8::from(o.english));
     out.push(u8::from(!o.english && o.format == Format::Turns));
+    out.push(u8::from(first && o.summary));
+    out.push(u8::from(first));
     out
 }
 
 /// One call's part of a walk: `{status, reason, next before, total, first
-/// or false, flat entries}` (see `lua/walk.lua`).
+/// or false, flat entries, summary or false, unsummarized}` (see
+/// `lua/walk.lua`).
 pub(super) struct Page {
     pub status: PageEnd,
     /// Finalized turns among the candidates.
     pub total: u64,
     pub first: Option<Candidate>,
     pub entries: Vec<Candidate>,
+    /// The summary the read begins with (a first call's).
+    pub summary: Option<StoredSummary>,
+    pub described: Described,
 }
 
 pub(super) enum PageEnd {
@@ -97,6 +107,8 @@ impl Page {
             v => candidates(Reply::array(v)?, english)?.pop(),
         };
         let entries = candidates(Reply::array(r.next()?)?, english)?;
+        let summary = summaries::parse(r.next()?)?;
+        let described = Described::parse(r.next()?)?;
         let status = match status.as_str() {
             "done" => PageEnd::Done,
             "more" if !entries.is_empty() => PageEnd::More(next),
@@ -110,6 +122,8 @@ impl Page {
             total,
             first,
             entries,
+            summary,
+            described,
         })
     }
 }
@@ -152,41 +166,88 @@ fn candidates(mut r: Reply, english: bool) -> Result<Vec<Candidate>, StoreError>
     Ok(out)
 }
 
+/// A read's selection, and what the store tells around it.
+pub(super) struct Selected {
+    pub selection: crate::history::Selection,
+    pub total: u64,
+    pub summary: Option<StoredSummary>,
+    pub unsummarized: Option<Unsummarized>,
+}
+
 impl RedisStore {
-    /// Offers a first page and the pages after it to `sel` until it
-    /// stops or the candidates run out; returns it and the candidates'
-    /// total.
+    /// Offers a first page and the pages after it to `sel` until it stops
+    /// or the candidates run out (after the summary, if the first page
+    /// brings one); then describes what the read leaves unsummarized.
+    /// `before_seq`: a start's own seq (`u64::MAX` for a history read).
     pub(super) async fn select_pages(
         &self,
         session: &SessionId,
         mut sel: Selector,
         mut page: Page,
         now: Millis,
-    ) -> Result<(Selector, u64), StoreError> {
+        before_seq: u64,
+    ) -> Result<Selected, StoreError> {
+        let read = sel.options().clone();
         let total = page.total;
-        let mut after = sel.options().after_seq;
+        let described = std::mem::replace(&mut page.described, Described::Later);
+        let summary = page.summary.take();
+        let mut after = read.after_seq;
+        let opened = match &summary {
+            Some(s) => {
+                after = after.max(s.through_seq);
+                sel.open_with(counting::prelude(s, &read).await)
+            }
+            None => true,
+        };
+        if opened {
+            sel = self.offer_pages(session, sel, page, after, now).await?;
+        }
+        let selection = sel.finish();
+        let unsummarized = match described {
+            Described::Done(u) => u,
+            Described::Later => {
+                self.describe(session, &selection, &read, before_seq)
+                    .await?
+            }
+        };
+        Ok(Selected {
+            summary: summary.filter(|_| selection.summary),
+            selection,
+            total,
+            unsummarized,
+        })
+    }
+
+    async fn offer_pages(
+        &self,
+        session: &SessionId,
+        mut sel: Selector,
+        mut page: Page,
+        mut after: u64,
+        now: Millis,
+    ) -> Result<Selector, StoreError> {
         loop {
             if let Some(first) = &page.first {
                 after = first.seq;
             }
             sel = offer_all(sel, page.first.take(), page.entries).await;
             if sel.is_stopped() {
-                return Ok((sel, total));
+                return Ok(sel);
             }
             match page.status {
-                PageEnd::Done => return Ok((sel, total)),
+                PageEnd::Done => return Ok(sel),
                 PageEnd::Stop(why) => {
                     sel.stop(why);
-                    return Ok((sel, total));
+                    return Ok(sel);
                 }
                 PageEnd::More(before) => {
-                    let a = args![now, walk_args(&sel, after, Some(before), false)];
+                    let a = args![now, walk_args(&sel, after, Some(before), false, false)];
                     let v: Value = self
                         .run_session(&self.scripts.history, session.as_str(), a)
                         .await?;
                     if v == Value::Nil {
                         // The session went away between the pages.
-                        return Ok((sel, total));
+                        return Ok(sel);
                     }
                     page = HistoryReply::parse(v, sel.options().english)?.page;
                 }
@@ -201,7 +262,10 @@ impl RedisStore {
         now: Millis,
     ) -> Result<StoredHistory, StoreError> {
         let sel = Selector::new(read);
-        let a = args![now, walk_args(&sel, read.after_seq, None, read.keep_first)];
+        let a = args![
+            now,
+            walk_args(&sel, read.after_seq, None, read.keep_first, true)
+        ];
         let v: Value = self
             .run_session(&self.scripts.history, session.as_str(), a)
             .await?;
@@ -212,12 +276,16 @@ impl RedisStore {
             });
         }
         let reply = HistoryReply::parse(v, read.english)?;
-        let (sel, total_turns) = self.select_pages(session, sel, reply.page, now).await?;
+        let s = self
+            .select_pages(session, sel, reply.page, now, u64::MAX)
+            .await?;
         Ok(StoredHistory {
             user_id: reply.owner,
-            total_turns,
+            total_turns: s.total,
             pending_turns: reply.pending_turns,
-            selection: sel.finish(),
+            selection: s.selection,
+            summary: s.summary,
+            unsummarized: s.unsummarized,
         })
     }
 

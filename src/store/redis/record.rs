@@ -361,6 +361,7 @@ mod tests {
                 after_seq: 0,
                 through_seq: u64::MAX,
                 english: false,
+                summary: false,
             };
             let s = select([c.clone(), Candidate { seq: 2, ..c }].into_iter(), &o);
             let text = crate::history::render_text(&s.turns);

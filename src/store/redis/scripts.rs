@@ -53,6 +53,10 @@ pub(super) struct Scripts {
     pub erase_sessions: Script,
     pub index_add: Script,
     pub index_remove: Script,
+    pub summary_put: Script,
+    pub summary_get: Script,
+    pub summary_delete: Script,
+    pub unsummarized: Script,
 }
 
 impl Scripts {
@@ -68,6 +72,10 @@ impl Scripts {
             erase_sessions: session_script!("lua/erase_sessions.lua"),
             index_add: Script::new(include_str!("lua/index_add.lua")),
             index_remove: Script::new(include_str!("lua/index_remove.lua")),
+            summary_put: session_script!("lua/summary_put.lua"),
+            summary_get: session_script!("lua/summary_get.lua"),
+            summary_delete: session_script!("lua/summary_delete.lua"),
+            unsummarized: session_script!("lua/unsummarized.lua"),
         }
     }
 }

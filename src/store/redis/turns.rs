@@ -150,7 +150,7 @@ impl RedisStore {
             ];
             if let Some(sel) = &sel {
                 let o = sel.options();
-                a.extend(args![walk_args(sel, o.after_seq, None, o.keep_first)]);
+                a.extend(args![walk_args(sel, o.after_seq, None, o.keep_first, true)]);
             }
             let v: Value = self
                 .run_session(&self.scripts.start_turn, session.as_str(), a)
@@ -184,13 +184,14 @@ impl RedisStore {
                     self.expired_pending.inc_by(purged);
                     let history = match (sel, page) {
                         (Some(sel), Some(page)) => {
-                            let (sel, total_turns) =
-                                self.select_pages(session, sel, *page, req.now).await?;
+                            let s = self.select_pages(session, sel, *page, req.now, seq).await?;
                             Some(StoredHistory {
                                 user_id: owner.clone(),
-                                total_turns,
+                                total_turns: s.total,
                                 pending_turns: pending_before,
-                                selection: sel.finish(),
+                                selection: s.selection,
+                                summary: s.summary,
+                                unsummarized: s.unsummarized,
                             })
                         }
                         _ => None,

@@ -6,7 +6,8 @@
 --        until, see index_add.lua), keyed ('1' once an idempotency key was
 --        used), ts and cs (sums of the finalized turns' costs, and of
 --        those a summary covers: SUMS below), st (the seq a summary covers
---        up to; absent: none), and one field per
+--        up to; absent: none), sm (the summary), sh (its SUMMARY header),
+--        and one field per
 --        idempotency key: 'k:' .. key -> turn id .. seq .. ' ' .. request hash
 --   2 r  records hash: turn id -> pending record, or a finalized record's
 --        head; turn id .. 't' -> its tail, if it has one (see HEAD);
@@ -51,6 +52,10 @@ local BASE = ID + 30
 -- u + s over the turns, as rendered and as `lang=en` renders them.
 local SUMS = '>c1dd'
 local CURRENT = 'ohcPER'
+-- SUMMARY header: "<updated_at> <letter> <text> <alone> <joined> <message>
+-- <bytes>": when it was written, the letter of its counts' encoding, the
+-- counts (see SummaryTokens in tokens.rs) and its bytes.
+local SUMMARY = '^(%d+) (%S) (%d+) (%d+) (%d+) (%d+) (%d+)$'
 local LIVE = '1000000000000'
 -- Expired pending turns purged per start, turns trimmed per finalize: a
 -- backlog is worked off by the next calls, none of them long.
@@ -103,6 +108,26 @@ local function contribution(m)
   local letter = '-'
   if qe == ae and string.find(CURRENT, qe, 1, true) then letter = qe end
   return letter, inner, inner_en
+end
+
+-- u + s of a finalized turn's member, as the read's language renders it.
+local function text_inner(m, english)
+  if english and #m > BASE then
+    local _, _, un, _, sn = struct.unpack('>BI4I4I4I4', m, BASE + 1)
+    return un + sn
+  end
+  local _, _, _, u, _, s = struct.unpack('>c1c1I4I4I4I4', m, ID + 1)
+  return u + s
+end
+
+-- What the newest block counts more than an inner one: l - s.
+local function last_adjust(m, english)
+  if english and #m > BASE then
+    local _, _, _, _, sn, ln = struct.unpack('>BI4I4I4I4I4', m, BASE + 1)
+    return ln - sn
+  end
+  local _, _, _, _, _, s, l = struct.unpack('>c1c1I4I4I4I4I4', m, ID + 1)
+  return l - s
 end
 
 local function unpack_sums(packed)
@@ -174,6 +199,59 @@ end
 
 local function touch(ttl)
   for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
+end
+
+-- The finalized turns neither returned nor covered by the summary (seq in
+-- (covered, below), but `skip`, the turn keep_first returned): {covered,
+-- the newest's seq, how many, the tokens of their `text` blocks in the
+-- read's encoding (`enc`, the letter) and language, or false when the
+-- session's turns are not all counted in it}; false when there are none.
+-- `above`: the sum of text_inner over the turns with seq >= below, when
+-- the caller knows it (else it is summed here: what the read returned).
+local function describe(covered, below, skip, enc, english, above)
+  -- Seqs are below LIVE: the rest of the zset is pending turns.
+  below = math.min(below, tonumber(LIVE))
+  if below <= covered + 1 then return false end
+  local lo, hi = '(' .. covered, '(' .. below
+  local n = redis.call('ZCOUNT', KEYS[3], lo, hi)
+  local top = redis.call('ZREVRANGEBYSCORE', KEYS[3], hi, lo, 'WITHSCORES', 'LIMIT', 0, 2)
+  local last, last_seq = top[1], top[2]
+  local skipped = false
+  if skip > covered and skip < below then
+    n = n - 1
+    if top[2] and tonumber(top[2]) == skip then last, last_seq = top[3], top[4] end
+    skipped = redis.call('ZRANGEBYSCORE', KEYS[3], skip, skip)[1]
+  end
+  if n <= 0 or not last then return false end
+  local tokens = false
+  local m = redis.call('HMGET', KEYS[1], 'ts', 'cs')
+  local tl, ts, tse = unpack_sums(m[1])
+  if tl == enc then
+    local _, cs, cse = unpack_sums(m[2])
+    local all, cov = ts, cs
+    if english then all, cov = tse, cse end
+    if not above then
+      above = 0
+      for _, x in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], below, '(' .. LIVE)) do
+        above = above + text_inner(x, english)
+      end
+    end
+    local sum = all - cov - above
+    if skipped then sum = sum - text_inner(skipped, english) end
+    tokens = sum + last_adjust(last, english)
+  end
+  return {covered, tonumber(last_seq), n, tokens}
+end
+
+-- Adds the turns a summary now covers, (from, to], to the covered sums.
+local function cover(from, to)
+  local cl, cs, cse = unpack_sums(redis.call('HGET', KEYS[1], 'cs'))
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. from, to)) do
+    local letter, inner, inner_en = contribution(m)
+    cs, cse = cs + inner, cse + inner_en
+    if cl == '0' then cl = letter elseif cl ~= letter then cl = '-' end
+  end
+  redis.call('HSET', KEYS[1], 'cs', struct.pack(SUMS, cl, cs, cse))
 end
 
 -- Marks that the index entry (user, time) may be removed: a claim of this

@@ -12,12 +12,18 @@
 -- bytes; then the encoding letter, and flags: text (1) or messages (0),
 -- keep_first, newest may change, English (1: `lang=en`, the costs and
 -- texts of turns' English copies where they have them), copies (1: hand
--- over translated turns' English copies beside their texts).
+-- over translated turns' English copies beside their texts), summary (1:
+-- begin with the session's summary, the candidates above what it covers),
+-- describe (1: a first call, which describes the unsummarized turns when
+-- it ends the selection itself).
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
 -- when the read's range is all of them.
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
--- (for 'more'), candidates in range, first or false, flat entries}, each
+-- (for 'more'), candidates in range, first or false, flat entries, the
+-- summary {text, through seq, SUMMARY header} or false, the unsummarized
+-- turns (see describe) or false or 'later' (the caller selects: it asks
+-- unsummarized.lua once it has)}, each
 -- entry (first too) a member, a record, a tail or false, and the English
 -- copies or false (loaded whole when the read needs them). The record's
 -- header's last field says how much of the question it holds (the member
@@ -33,19 +39,33 @@ local WALK, LOADED = 1024, 1048576
 local HANDOVER, HANDOVER_BYTES = 64, 262144
 local BATCH = 64
 
-local WALK_ARGS = '>ddddddddddddc1BBBBB'
+local WALK_ARGS = '>ddddddddddddc1BBBBBBB'
 
 local function walk(at, before, count)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
-    inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies =
-    struct.unpack(WALK_ARGS, ARGV[at])
+    inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies,
+    with_summary, describing = struct.unpack(WALK_ARGS, ARGV[at])
   text, keep_first, change = text == 1, keep_first == 1, change == 1
   english, copies = english == 1, copies == 1
+  with_summary, describing = with_summary == 1, describing == 1
+  local covered, summary = 0, false
+  if with_summary or describing then
+    local m = redis.call('HMGET', KEYS[1], 'st', 'sh')
+    covered = tonumber(m[1] or '0')
+    if with_summary and m[2] then
+      summary = {redis.call('HGET', KEYS[1], 'sm'), m[1], m[2]}
+    end
+  end
   local encs = enc .. enc
   -- Seqs are below LIVE: the rest of the zset is pending turns.
   if upper_seq < 0 then upper_seq = nil end
   if before and (not upper_seq or before < upper_seq) then upper_seq = before end
   if upper_seq and upper_seq >= tonumber(LIVE) then upper_seq = nil end
+
+  -- A summary comes first: its counts apply when in the read's encoding
+  -- (else every turn is handed over, and the caller counts it too).
+  local exact = true
+  if summary and after < covered then after = covered end
 
   local lower = '(' .. after
   local upper = upper_seq and ('(' .. upper_seq) or ('(' .. LIVE)
@@ -55,20 +75,39 @@ local function walk(at, before, count)
   else
     total = redis.call('ZCOUNT', KEYS[3], lower, upper)
   end
+  if summary then
+    local _, letter, _, alone, joined, message, sbytes = string.match(summary[3], SUMMARY)
+    if letter == enc then
+      alone, joined, sbytes = tonumber(alone), tonumber(joined), tonumber(sbytes)
+      if not text then
+        alone = tonumber(message) + 4
+        joined = alone
+      end
+      local why = false
+      if alone > max_tokens then why = 'max_tokens' elseif bytes + sbytes > max_bytes then why = 'max_bytes' end
+      if why then return {'stop', why, 0, total, false, {}, summary, 'later'} end
+      header, bytes = header + joined, bytes + sbytes
+    else
+      exact = false
+    end
+  end
   local cut_q = max_q > 0 and 4 * (max_q + 1) or nil
   local cut_a = max_a > 0 and 4 * (max_a + 1) or nil
   local unpack_costs = struct.unpack
   -- Both encodings as one string, then the counts.
   local FMT = '>c2I4I4I4I4I4I4I4'
 
-  local exact = true
   local cap_n, cap_b = WALK, LOADED
+  if not exact then cap_n, cap_b = HANDOVER, HANDOVER_BYTES end
   -- Turns taken; for those not read whole from their heads alone:
   -- {question bytes, answer bytes, bytes needed of each}; whether to load
   -- their English copies.
   local taken, notes, en_of, n = {}, {}, {}, 0
   local status, reason, next_before = nil, '', 0
   local walked, page_bytes, loaded, last_m = 0, 0, 0, nil
+  -- For describing what is not returned: text_inner summed over the
+  -- taken turns but the reserved first, and the first's seq.
+  local run_sum, first_seq = 0, 0
 
   -- Takes (the stored counts apply and it fits) or hands over (they do not:
   -- the caller counts it) each member, until a page is full or the walk
@@ -153,6 +192,7 @@ local function walk(at, before, count)
       end
       room = room - 1
       walked, page_bytes, last_m = walked + 1, page_bytes + q_need + a_need, m
+      run_sum = run_sum + u + s
     end
   end
 
@@ -160,7 +200,8 @@ local function walk(at, before, count)
   if keep_first and total > 0 then
     local f = redis.call('ZRANGEBYSCORE', KEYS[3], lower, upper, 'WITHSCORES', 'LIMIT', 0, 1)
     take({f[1]})
-    if status then return {status, reason, 0, total, false, {}} end
+    if status then return {status, reason, 0, total, false, {}, summary, 'later'} end
+    first_seq, run_sum, last_m = tonumber(f[2]), 0, nil
     -- The reserved first turn does not stay the newest, nor fills a page.
     if exact then change = true end
     has_first, walked, page_bytes, loaded = true, 0, 0, 0
@@ -231,5 +272,18 @@ local function walk(at, before, count)
       entries[#entries + 1] = en
     end
   end
-  return {status or 'done', reason, next_before, total, first, entries}
+  -- The unsummarized turns, when this call ends the selection.
+  local unsummarized = 'later'
+  if describing and exact and status ~= 'more' then
+    local below = upper_seq or tonumber(LIVE)
+    if last_m then below = tonumber(redis.call('ZSCORE', KEYS[3], last_m)) end
+    local above = run_sum
+    if upper_seq then
+      for _, x in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], upper_seq, '(' .. LIVE)) do
+        above = above + text_inner(x, english)
+      end
+    end
+    unsummarized = describe(covered, below, first_seq, enc, english, above)
+  end
+  return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized}
 end

@@ -1,0 +1,36 @@
+-- Writes the session's summary. ARGV: 1 numbers packed '>dddddd': now,
+-- session ttl ms, through seq, expected through seq (-1: not given), index
+-- needed ms, time of the index entry the caller wrote (0: none); 2 user_id
+-- or '', 3 the summary, 4 its counts "<letter> <text> <alone> <joined>
+-- <message>", 5 user the caller wrote an index entry for, or ''.
+-- Returns {'ok'} | {'owner_mismatch'} | {'conflict', stored through seq} |
+--   {'beyond', newest finalized seq} | {'need_index', user, min time}
+local now, ttl, through, expected, needed, written = struct.unpack('>dddddd', ARGV[1])
+local user, text, counts, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local m = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'next_seq', 'st')
+if not m[3] then return {'beyond', 0} end
+local owner = m[1]
+if owner == '' then owner = false end
+if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
+local stored = tonumber(m[4] or '0')
+if (expected >= 0 and expected ~= stored) or through < stored then
+  return {'conflict', stored}
+end
+local newest = redis.call('ZREVRANGEBYSCORE', KEYS[3], '(' .. LIVE, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local newest_seq = tonumber(newest[2] or '0')
+if through > newest_seq then return {'beyond', newest_seq} end
+-- The session lives on: its owner's index entry must reach as far.
+if owner then
+  if indexed_for == owner then
+    local fenced = tonumber(redis.call('ZSCORE', KEYS[4], owner) or '0')
+    if fenced >= written then return {'need_index', owner, fenced} end
+    redis.call('HSET', KEYS[1], 'ix', written)
+  elseif tonumber(m[2] or '0') < now + needed then
+    return {'need_index', owner, 0}
+  end
+end
+if through > stored then cover(stored, through) end
+redis.call('HSET', KEYS[1], 'st', through, 'sm', text,
+  'sh', string.format('%d', now) .. ' ' .. counts .. ' ' .. #text)
+touch(ttl)
+return {'ok'}
