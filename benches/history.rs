@@ -2,12 +2,17 @@
 //! 120-byte question, a 600-byte answer), in each format and both encodings.
 //! `o200k_base` is the default, so its counts come from the stored turns;
 //! `cl100k_base` has to tokenize on read. Also the counts a start and a
-//! finalize take of their new text. Run: `cargo bench --bench history`.
+//! finalize take of their new text. And a templated read of the newest 20
+//! (`xml`, `markdown`) against `text`, with the count cache warm (a
+//! repeated read) and cold. Run: `cargo bench --bench history`.
 
 use std::hint::black_box;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use turnstore::domain::TurnId;
+use turnstore::history::template::{
+    Globals, Template, Templates, clear_count_cache, select_template,
+};
 use turnstore::history::{Candidate, Content, Format, Options, messages, render_text, select};
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
@@ -51,6 +56,19 @@ fn read(candidates: &[Candidate], opts: &Options) -> usize {
     }
 }
 
+const GLOBALS: Globals<'static> = Globals {
+    session_id: "bench-session",
+    user_id: Some("bench-user"),
+};
+
+/// Selects and renders with a template, counting through the process-wide
+/// cache as the service does.
+fn read_templated(candidates: &[Candidate], opts: &Options, template: &Template) -> usize {
+    select_template(candidates.iter().cloned(), opts, template, &GLOBALS, None)
+        .map(|s| s.rendered.len() + s.token_count as usize)
+        .unwrap_or(0)
+}
+
 fn options(limit: usize, max_tokens: u32, format: Format, encoding: Encoding) -> Options {
     Options {
         limit,
@@ -87,6 +105,37 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("default-20x4096", n), &opts, |b, opts| {
             b.iter(|| black_box(read(black_box(newest_20), opts)))
         });
+    }
+    group.finish();
+
+    // A templated read of the newest 20 against `text`: warm is a repeated
+    // read (every segment's count cached: render and sum), cold tokenizes
+    // every segment and joint once. `text` o200k sums stored counts;
+    // `text` cl100k tokenizes each turn on every read.
+    let mut group = c.benchmark_group("template");
+    let templates = Templates::load(None).expect("the built-ins compile");
+    let newest_20 = turns(20);
+    for encoding in [Encoding::O200kBase, Encoding::Cl100kBase] {
+        let enc = encoding.name();
+        let opts = options(20, 1_000_000, Format::Text, encoding);
+        group.bench_function(format!("{enc}/text-20"), |b| {
+            b.iter(|| black_box(read(black_box(&newest_20), &opts)))
+        });
+        for name in ["xml", "markdown"] {
+            let Some(template) = templates.get(name) else {
+                continue;
+            };
+            group.bench_function(format!("{enc}/{name}-20/warm"), |b| {
+                b.iter(|| black_box(read_templated(black_box(&newest_20), &opts, template)))
+            });
+            group.bench_function(format!("{enc}/{name}-20/cold"), |b| {
+                b.iter_batched(
+                    clear_count_cache,
+                    |()| black_box(read_templated(black_box(&newest_20), &opts, template)),
+                    BatchSize::PerIteration,
+                )
+            });
+        }
     }
     group.finish();
 

@@ -1,8 +1,10 @@
 //! History for prompts: the budget rule and the renderings. Pure functions,
-//! no I/O; the exact counts they sum live in `tokens`.
+//! no I/O (but `template::Templates::load`, once at start); the exact counts
+//! they sum live in `tokens`.
 
 mod render;
 mod select;
+pub mod template;
 
 pub use render::{Message, Role, messages, messages_with, render_text, render_text_with};
 pub use select::{

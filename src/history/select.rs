@@ -464,7 +464,7 @@ impl Selector {
 
 /// Keeps the first `max_chars` Unicode scalar values and marks the cut. A
 /// content that is only a beginning holds more than `max_chars` of them.
-fn truncate(content: Content, max_chars: Option<usize>) -> (String, bool) {
+pub(super) fn truncate(content: Content, max_chars: Option<usize>) -> (String, bool) {
     let Some(max) = max_chars else {
         return (content.text, false);
     };
