@@ -13,6 +13,8 @@
 //!   (all Redis keys and Lua scripts live there).
 //! - `http`: routes, extractors, the problem+json error type, auth, metrics middleware.
 //! - `metrics`: the Prometheus registry.
+//! - `summarizer`: the optional server-side summarizer, starting with its
+//!   client of an OpenAI-compatible chat endpoint.
 //! - `app`: `Application::build` and `run_until_stopped`.
 //! - `cli`: the `turnstore` command line.
 
@@ -25,6 +27,7 @@ pub mod http;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod summarizer;
 pub mod tokens;
 pub mod turn;
 
