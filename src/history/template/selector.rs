@@ -281,6 +281,8 @@ impl TemplateSelector {
                 finalized_at: c.finalized_at,
                 user_query,
                 final_answer,
+                user_query_en: None,
+                final_answer_en: None,
             },
             truncated: query_cut || answer_cut,
         };
@@ -348,6 +350,7 @@ mod tests {
                 AnswerTokens::count(enc, a),
             ),
             recount: false,
+            copies: Default::default(),
         }
     }
 
@@ -371,6 +374,8 @@ mod tests {
             keep_first: false,
             after_seq: 0,
             through_seq: u64::MAX,
+            english: false,
+            summary: false,
         }
     }
 
@@ -449,6 +454,8 @@ mod tests {
                 finalized_at: c.finalized_at,
                 user_query: truncate(c.user_query.clone(), o.max_query_chars).0,
                 final_answer: truncate(c.final_answer.clone(), o.max_answer_chars).0,
+                user_query_en: None,
+                final_answer_en: None,
             },
         };
         let mut bytes = 0u64;

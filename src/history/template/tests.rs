@@ -20,6 +20,8 @@ fn turn(seq: u64, q: &str, a: &str) -> SelectedTurn {
             final_answer: a.into(),
             started_at: 1_795_000_000_123,
             finalized_at: 1_795_000_001_000,
+            user_query_en: None,
+            final_answer_en: None,
         },
         truncated: false,
     }
