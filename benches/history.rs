@@ -83,6 +83,7 @@ fn options(limit: usize, max_tokens: u32, format: Format, encoding: Encoding) ->
         through_seq: u64::MAX,
         english: false,
         summary: false,
+        template: None,
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
+use crate::history::template::Templates;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::server::{self, ConnLimits};
@@ -34,6 +35,8 @@ impl Application {
         // Build the default encoder now, not on the first request.
         settings.encoding.warm_up();
         let api_keys = settings.all_api_keys()?;
+        let templates = Templates::load(settings.templates_dir.as_deref())
+            .map_err(|e| format!("cannot load a template: {e}"))?;
         if api_keys.is_empty() {
             tracing::warn!(
                 "no API keys configured (TURNSTORE_API_KEYS, TURNSTORE_API_KEYS_FILE): the API is open to anyone who can reach it"
@@ -65,7 +68,13 @@ impl Application {
             idle_timeout: settings.idle_timeout,
             max_connections,
         };
-        let router = router(AppState::new(store, settings, &api_keys, metrics.clone()));
+        let router = router(AppState::new(
+            store,
+            settings,
+            &api_keys,
+            metrics.clone(),
+            templates,
+        ));
         Ok(Application {
             listener,
             router,

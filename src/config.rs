@@ -150,6 +150,12 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_MAX_CONNECTIONS", default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
+    /// A directory of `NAME.jinja` history templates, loaded at start (a
+    /// broken one stops the start with its file and line); besides the
+    /// built-ins `xml` and `markdown`.
+    #[arg(long, env = "TURNSTORE_TEMPLATES_DIR")]
+    pub templates_dir: Option<PathBuf>,
+
     /// Comma-separated origins browsers may call the API from
     /// (`https://app.example.com`), compared exactly; unset means no CORS
     /// headers at all.

@@ -148,13 +148,19 @@ fn every_api_operation_documents_its_problems() {
     assert_eq!(codes(&spec, start, "403"), ["session_owner_mismatch"]);
     assert_eq!(
         codes(&spec, start, "422"),
-        ["idempotency_key_reused", "validation_failed"]
+        [
+            "idempotency_key_reused",
+            "template_error",
+            "validation_failed"
+        ]
     );
+    assert_eq!(codes(&spec, start, "404"), ["template_not_found"]);
     let finalize = &spec["paths"]["/v1/sessions/{session_id}/turns/{turn_id}/finalize"]["post"];
     assert_eq!(codes(&spec, finalize, "404"), ["turn_not_found"]);
     assert_eq!(codes(&spec, finalize, "409"), ["turn_already_finalized"]);
     let history = &spec["paths"]["/v1/sessions/{session_id}/history"]["get"];
     assert_eq!(codes(&spec, history, "406"), ["not_acceptable"]);
+    assert_eq!(codes(&spec, history, "404"), ["template_not_found"]);
     assert!(history["responses"]["200"]["content"]["text/plain"].is_object());
 }
 

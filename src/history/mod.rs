@@ -2,10 +2,12 @@
 //! no I/O (but `template::Templates::load`, once at start); the exact counts
 //! they sum live in `tokens`.
 
+mod pick;
 mod render;
 mod select;
 pub mod template;
 
+pub use pick::{Picked, Picker};
 pub use render::{Message, Role, messages, messages_with, render_text, render_text_with};
 pub use select::{
     BudgetState, Candidate, Content, Copies, Cost, Format, MESSAGE_OVERHEAD, Options, Prelude,

@@ -139,6 +139,7 @@ mod tests {
             through_seq: u64::MAX,
             english: false,
             summary: false,
+            template: None,
         }
     }
 
@@ -390,7 +391,7 @@ mod tests {
                 .map(|(i, (q, a))| stored_in(stored, i as u64 + 1, q, a)).collect();
             let o = Options { limit, max_tokens, max_bytes, format, encoding, max_query_chars,
                               max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX,
-                              english: false, summary: false };
+                              english: false, summary: false, template: None };
             let s = pick(&turns, &o);
             prop_assert!(s.token_count <= max_tokens);
             prop_assert!(s.bytes <= max_bytes);

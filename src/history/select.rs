@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::template::Template;
 use crate::domain::TurnId;
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens, TurnCosts};
 use crate::turn::{Millis, TurnView};
@@ -75,6 +76,8 @@ pub struct Options {
     /// Begin with the session's summary, if it has one (`summary=true`);
     /// candidates are then the turns it does not cover.
     pub summary: bool,
+    /// Render with this template instead of the format (which is `text`).
+    pub template: Option<Template>,
 }
 
 /// A text as a read sees it: whole, or only its beginning when the read

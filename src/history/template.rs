@@ -91,6 +91,15 @@ pub struct Template {
     compiled: Arc<Compiled>,
 }
 
+/// The same compiled template (reads compare options, templates included).
+impl PartialEq for Template {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.compiled, &other.compiled)
+    }
+}
+
+impl Eq for Template {}
+
 impl Template {
     /// Compiles a template from its source (what [`Templates::load`] does
     /// for each file). The error's line is in `source`.

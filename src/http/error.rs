@@ -45,10 +45,12 @@ pub enum ProblemCode {
     Overloaded,
     SummaryConflict,
     SummaryNotFound,
+    TemplateNotFound,
+    TemplateError,
 }
 
 impl ProblemCode {
-    pub const ALL: [ProblemCode; 18] = [
+    pub const ALL: [ProblemCode; 20] = [
         ProblemCode::ValidationFailed,
         ProblemCode::PayloadTooLarge,
         ProblemCode::Unauthorized,
@@ -67,6 +69,8 @@ impl ProblemCode {
         ProblemCode::Overloaded,
         ProblemCode::SummaryConflict,
         ProblemCode::SummaryNotFound,
+        ProblemCode::TemplateNotFound,
+        ProblemCode::TemplateError,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +94,8 @@ impl ProblemCode {
             Overloaded => "overloaded",
             SummaryConflict => "summary_conflict",
             SummaryNotFound => "summary_not_found",
+            TemplateNotFound => "template_not_found",
+            TemplateError => "template_error",
         }
     }
 
@@ -187,6 +193,16 @@ impl ProblemCode {
                 "Summary not found",
                 "the session has no summary (or no live session has this id)",
             ),
+            TemplateNotFound => (
+                StatusCode::NOT_FOUND,
+                "Template not found",
+                "no template has this name: the built-ins are xml and markdown, others come from TURNSTORE_TEMPLATES_DIR",
+            ),
+            TemplateError => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Template failed",
+                "the template failed while rendering this history",
+            ),
         }
     }
 
@@ -208,6 +224,8 @@ pub enum ApiError {
     TooManyPendingTurns { retry_after: std::time::Duration },
     /// 409 `summary_conflict`, saying what the stored summary covers.
     SummaryConflict { stored: u64 },
+    /// 422 `template_error`, saying where and why.
+    Template(String),
     /// Any other problem, with its code's own detail.
     Code(ProblemCode),
 }
@@ -253,6 +271,7 @@ impl ApiError {
             ApiError::StoreUnready(_) => ProblemCode::StoreUnavailable,
             ApiError::TooManyPendingTurns { .. } => ProblemCode::TooManyPendingTurns,
             ApiError::SummaryConflict { .. } => ProblemCode::SummaryConflict,
+            ApiError::Template(_) => ProblemCode::TemplateError,
             ApiError::Code(code) => *code,
         }
     }
@@ -270,6 +289,7 @@ impl ApiError {
                 Some(errors),
             ),
             ApiError::PayloadTooLarge(detail) | ApiError::StoreUnready(detail) => (detail, None),
+            ApiError::Template(detail) => (detail, None),
             ApiError::SummaryConflict { stored } => (
                 format!(
                     "the stored summary covers through seq {stored} (0: there is none); nothing was written"
@@ -330,6 +350,7 @@ impl From<StoreError> for ApiError {
                 ApiError::TooManyPendingTurns { retry_after }
             }
             StoreError::SummaryConflict { stored } => ApiError::SummaryConflict { stored },
+            StoreError::Template(e) => ApiError::Template(format!("the template failed: {e}")),
             StoreError::SummaryBeyond { newest } => ApiError::field(
                 "through_seq",
                 format!("must be at most the newest finalized seq ({newest})"),

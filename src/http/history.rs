@@ -9,12 +9,13 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::accept::Body;
-use super::error::ApiError;
+use super::error::{ApiError, ProblemCode};
 use super::extract::QueryParams;
 use super::sessions::SessionPath;
 use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
+use crate::history::template::Templates;
 use crate::history::{self, Format, Message, Options, SelectedTurn, StoppedBy};
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::Encoding;
@@ -76,6 +77,13 @@ pub struct HistoryParams {
     /// towards `max_tokens` (if it does not fit, nothing is returned), then
     /// come the newest turns it does not cover.
     pub summary: Option<bool>,
+    /// Render with this template instead of the `text` format (built-ins
+    /// `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):
+    /// same budget rule, exact `token_count`; `format` must be `text`.
+    /// Unknown: 404 `template_not_found`.
+    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "xml")]
+    #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "xml")]
+    pub template: Option<String>,
 }
 
 /// The language of a rendering: `en` for the English copies.
@@ -109,6 +117,11 @@ impl HistoryParams {
                 model.chars().count() <= MAX_MODEL_CHARS,
                 format!("must be at most {MAX_MODEL_CHARS} characters"),
             ),
+            rule(
+                &field("format"),
+                self.template.is_none() || self.format.is_none_or(|f| f == Format::Text),
+                "must be text with a template",
+            ),
             chars(&field("max_query_chars"), self.max_query_chars),
             chars(&field("max_answer_chars"), self.max_answer_chars),
             rule(
@@ -140,7 +153,26 @@ impl HistoryParams {
             through_seq: self.through_seq.unwrap_or(u64::MAX),
             english: self.lang == Some(Language::En),
             summary: self.summary.unwrap_or(false),
+            template: None,
         })
+    }
+
+    /// The options `resolve` made, with the template they name: 404
+    /// `template_not_found` when the server has none of that name.
+    pub fn with_template(
+        &self,
+        mut options: Options,
+        templates: &Templates,
+    ) -> Result<Options, ApiError> {
+        if let Some(name) = &self.template {
+            options.template = Some(
+                templates
+                    .get(name)
+                    .cloned()
+                    .ok_or(ProblemCode::TemplateNotFound)?,
+            );
+        }
+        Ok(options)
     }
 }
 
@@ -368,7 +400,11 @@ impl HistoryResponse {
         let summary = stored.summary.as_ref().map(|s| s.text.as_str());
         match opts.format {
             Format::Text => {
-                out.rendered = Some(history::render_text_with(summary, &selection.turns))
+                out.rendered = Some(
+                    stored
+                        .rendered
+                        .unwrap_or_else(|| history::render_text_with(summary, &selection.turns)),
+                )
             }
             Format::Messages => {
                 out.messages = Some(history::messages_with(summary, selection.turns))
@@ -409,8 +445,9 @@ impl HistoryRead {
         path: &SessionPath,
         params: &HistoryParams,
         body: Body,
-        settings: &Settings,
+        app: &AppState,
     ) -> Result<Self, ApiError> {
+        let settings = &app.settings;
         let (session, options, ()) = (
             path.session_id(),
             params.resolve(settings, ""),
@@ -421,6 +458,7 @@ impl HistoryRead {
             ),
         )
             .all()?;
+        let options = params.with_template(options, &app.templates)?;
         Ok(HistoryRead { session, options })
     }
 }
@@ -454,7 +492,7 @@ pub async fn get_history(
     QueryParams(params): QueryParams<HistoryParams>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let read = HistoryRead::parse(&path, &params, body, &app.settings)?;
+    let read = HistoryRead::parse(&path, &params, body, &app)?;
     let stored = app
         .store
         .history(&read.session, &read.options, now_millis())

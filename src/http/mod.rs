@@ -36,6 +36,7 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use self::error::{ApiError, ProblemCode};
 use crate::config::Settings;
+use crate::history::template::Templates;
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::Store;
 
@@ -49,6 +50,8 @@ pub struct AppState {
     api_key_digests: Arc<Vec<[u8; 32]>>,
     /// Permits for API requests in flight; none left means shed the request.
     in_flight: Arc<Semaphore>,
+    /// The built-in templates and the operator's, loaded at start.
+    pub templates: Arc<Templates>,
 }
 
 impl AppState {
@@ -57,6 +60,7 @@ impl AppState {
         settings: Settings,
         api_keys: &[String],
         metrics: Arc<Metrics>,
+        templates: Templates,
     ) -> Self {
         let api_key_digests = api_keys.iter().map(|k| digest(k.as_bytes())).collect();
         AppState {
@@ -65,6 +69,7 @@ impl AppState {
             settings: Arc::new(settings),
             metrics,
             api_key_digests: Arc::new(api_key_digests),
+            templates: Arc::new(templates),
         }
     }
 }

@@ -131,6 +131,8 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
             ProblemCode::PayloadTooLarge,
             ProblemCode::IdempotencyKeyReused,
             ProblemCode::TooManyPendingTurns,
+            ProblemCode::TemplateNotFound,
+            ProblemCode::TemplateError,
         ],
     ),
     (
@@ -142,7 +144,14 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
         ],
     ),
     ("abort_turn", &[ProblemCode::TurnNotFound]),
-    ("get_history", &[ProblemCode::NotAcceptable]),
+    (
+        "get_history",
+        &[
+            ProblemCode::NotAcceptable,
+            ProblemCode::TemplateNotFound,
+            ProblemCode::TemplateError,
+        ],
+    ),
     ("get_session", &[ProblemCode::SessionNotFound]),
     ("clear_session", &[]),
     (

@@ -17,6 +17,7 @@ use super::valid::{AllValid, Valid, field, optional, rule};
 use crate::config::Settings;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
 use crate::history::Options;
+use crate::history::template::Templates;
 use crate::store::{Finalized, StartTurn};
 use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::{English, Finalization, NewPendingTurn, TurnView, now_millis, rfc3339};
@@ -171,6 +172,7 @@ impl Start {
         body: StartTurnRequest,
         headers: &HeaderMap,
         settings: &Settings,
+        templates: &Templates,
     ) -> Result<Self, ApiError> {
         let query = text(
             "user_query",
@@ -210,6 +212,10 @@ impl Start {
                 .transpose(),
         )
             .all()?;
+        let history = match (history, &body.history) {
+            (Some(options), Some(params)) => Some(params.with_template(options, templates)?),
+            _ => None,
+        };
         Ok(Start {
             new_session: session_id.is_none(),
             session_id: session_id.unwrap_or_else(SessionId::generate),
@@ -248,7 +254,7 @@ pub async fn start_turn(
     headers: HeaderMap,
     JsonBody(body): JsonBody<StartTurnRequest>,
 ) -> Result<Response, ApiError> {
-    let start = Start::parse(body, &headers, &app.settings)?;
+    let start = Start::parse(body, &headers, &app.settings, &app.templates)?;
     let turn_id = TurnId::generate();
     let texts = (start.query, start.query_en);
     let long = texts.0.as_str().len() + texts.1.as_ref().map_or(0, |q| q.as_str().len())

@@ -75,6 +75,7 @@ all_valid!(a: A, b: B, c: C, d: D);
 all_valid!(a: A, b: B, c: C, d: D, e: E);
 all_valid!(a: A, b: B, c: C, d: D, e: E, f: F);
 all_valid!(a: A, b: B, c: C, d: D, e: E, f: F, g: G);
+all_valid!(a: A, b: B, c: C, d: D, e: E, f: F, g: G, h: H);
 
 #[cfg(test)]
 mod tests {

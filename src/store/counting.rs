@@ -8,12 +8,42 @@
 //! (health checks among them) and a request dropped at its timeout stops
 //! within a slice.
 
-use crate::history::{Candidate, Options, Prelude, Selector};
-use crate::store::StoredSummary;
+use crate::history::template::{Globals, Summary};
+use crate::history::{Candidate, Options, Picker, Prelude};
+use crate::store::{StoreError, StoredSummary};
 use crate::tokens::SummaryTokens;
 
 /// Texts longer than this are counted on the blocking pool.
 const COUNT_INLINE_BYTES: usize = 16 * 1024;
+
+/// The read's selection, once the session's owner and the summary it
+/// begins with (if any) are known.
+pub(crate) async fn begin(
+    read: &Options,
+    session_id: &str,
+    user_id: Option<&str>,
+    summary: Option<&StoredSummary>,
+) -> Result<Picker, StoreError> {
+    let globals = Globals {
+        session_id,
+        user_id,
+    };
+    let summary = match summary {
+        None => None,
+        Some(s) => Some((
+            Summary {
+                text: s.text.clone(),
+                through_seq: s.through_seq,
+            },
+            prelude(s, read).await,
+        )),
+    };
+    Ok(Picker::begin(
+        read,
+        &globals,
+        summary.as_ref().map(|(s, p)| (s, *p)),
+    )?)
+}
 
 /// What the summary adds before the turns under the read's encoding: its
 /// stored counts when they apply, else counted now.
@@ -40,10 +70,10 @@ pub(crate) const SLICE_BYTES: usize = 256 * 1024;
 /// Offers `first` (reserved, with `keep_first`) then `rest` in order to
 /// `sel`, until it stops; returns it.
 pub(crate) async fn offer_all(
-    mut sel: Selector,
+    mut sel: Picker,
     first: Option<Candidate>,
     rest: Vec<Candidate>,
-) -> Selector {
+) -> Picker {
     if let Some(first) = first {
         sel = if sel.must_count(&first) {
             blocking(sel, move |sel| {
@@ -88,10 +118,7 @@ pub(crate) async fn offer_all(
 
 /// Runs `work` on `sel` on the blocking pool. A panic there is raised
 /// again here, as if it had happened in the request's task.
-async fn blocking(
-    mut sel: Selector,
-    work: impl FnOnce(&mut Selector) + Send + 'static,
-) -> Selector {
+async fn blocking(mut sel: Picker, work: impl FnOnce(&mut Picker) + Send + 'static) -> Picker {
     match tokio::task::spawn_blocking(move || {
         work(&mut sel);
         sel

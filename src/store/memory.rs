@@ -15,7 +15,7 @@ use super::{
     StoredSummary, SummaryWrite, Unreturned, Unsummarized, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Candidate, Content, Copies, Format, Options, Selector};
+use crate::history::{Candidate, Content, Copies, Format, Options};
 use crate::store::counting::{self, offer_all};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
 
@@ -189,26 +189,34 @@ struct Gathered {
 }
 
 impl Gathered {
-    async fn select(self, read: &Options) -> (StoredHistory, Unreturned) {
-        let mut sel = Selector::new(read);
-        let opened = match &self.summary {
-            Some(s) => sel.open_with(counting::prelude(s, read).await),
-            None => true,
-        };
-        if opened {
+    async fn select(
+        self,
+        session: &SessionId,
+        read: &Options,
+    ) -> Result<(StoredHistory, Unreturned), StoreError> {
+        let mut sel = counting::begin(
+            read,
+            session.as_str(),
+            self.user_id.as_deref(),
+            self.summary.as_ref(),
+        )
+        .await?;
+        if !sel.is_stopped() {
             sel = offer_all(sel, self.first, self.newest_first).await;
         }
-        let selection = sel.finish();
+        let picked = sel.finish()?;
+        let selection = picked.selection;
         let unreturned = Unreturned::of(&selection, read, self.covered, self.before_seq);
         let history = StoredHistory {
             user_id: self.user_id,
             total_turns: self.total_turns,
             pending_turns: self.pending_turns,
             summary: self.summary.filter(|_| selection.summary),
+            rendered: picked.rendered,
             unsummarized: None,
             selection,
         };
-        (history, unreturned)
+        Ok((history, unreturned))
     }
 }
 
@@ -459,13 +467,18 @@ impl MemoryStore {
 
     /// Selects what a read gathered, then describes what it leaves
     /// unsummarized (under the lock again: turns it did not copy).
-    async fn select(&self, session: &SessionId, g: Gathered, read: &Options) -> StoredHistory {
-        let (mut history, unreturned) = g.select(read).await;
+    async fn select(
+        &self,
+        session: &SessionId,
+        g: Gathered,
+        read: &Options,
+    ) -> Result<StoredHistory, StoreError> {
+        let (mut history, unreturned) = g.select(session, read).await?;
         history.unsummarized = self
             .lock()
             .live(session, Instant::now())
             .and_then(|s| s.unsummarized(unreturned, read));
-        history
+        Ok(history)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -493,7 +506,16 @@ impl Store for MemoryStore {
     async fn start_turn(&self, req: StartTurn<'_>) -> Result<Started, StoreError> {
         let (mut started, gathered) = self.start_locked(&req)?;
         if let (Some(g), Some(read)) = (gathered, req.history) {
-            started.history = Some(self.select(req.session_id, g, read).await);
+            match self.select(req.session_id, g, read).await {
+                Ok(h) => started.history = Some(h),
+                Err(e) => {
+                    // A template failed on the history: the start leaves nothing.
+                    if !started.replayed {
+                        let _ = self.delete_turn(req.session_id, started.turn_id).await;
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(started)
     }
@@ -569,7 +591,7 @@ impl Store for MemoryStore {
             Some(s) => s.gather(read, u64::MAX, now),
             None => Gathered::default(),
         };
-        Ok(self.select(session, gathered, read).await)
+        self.select(session, gathered, read).await
     }
 
     async fn session_info(

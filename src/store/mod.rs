@@ -134,6 +134,8 @@ pub struct StoredHistory {
     pub selection: Selection,
     /// The summary the rendering begins with (`selection.summary`).
     pub summary: Option<StoredSummary>,
+    /// A template's rendering of the selection (`Options::template`).
+    pub rendered: Option<String>,
     /// The finalized turns neither returned nor covered by the summary.
     pub unsummarized: Option<Unsummarized>,
 }
@@ -301,6 +303,9 @@ pub enum StoreError {
     /// The summary would cover turns past the newest finalized one.
     #[error("the newest finalized turn is {newest}")]
     SummaryBeyond { newest: u64 },
+    /// The read's template failed while rendering.
+    #[error("template: {0}")]
+    Template(#[from] crate::history::template::TemplateError),
 }
 
 #[async_trait]

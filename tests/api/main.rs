@@ -50,6 +50,7 @@ mod model;
 mod pending;
 mod reads;
 mod summaries;
+mod templates;
 mod translations;
 mod users;
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use turnstore::domain::{IdempotencyKey, SessionId, TurnId, UserId};
+use turnstore::history::template::Templates;
 use turnstore::history::{
     Format, MESSAGE_OVERHEAD, Options, Selection, messages_with, render_text, render_text_with,
 };
@@ -67,6 +68,12 @@ struct Read {
     through_seq: Option<u64>,
     english: bool,
     summary: bool,
+    /// 0: none; 1: xml; 2: markdown (the format is then text).
+    template: usize,
+}
+
+thread_local! {
+    static TEMPLATES: Templates = Templates::load(None).unwrap();
 }
 
 impl Read {
@@ -84,6 +91,11 @@ impl Read {
             through_seq: self.through_seq.unwrap_or(u64::MAX),
             english: self.english,
             summary: self.summary,
+            template: TEMPLATES.with(|t| {
+                ["", "xml", "markdown"]
+                    .get(self.template)
+                    .and_then(|name| t.get(name).cloned())
+            }),
         }
     }
 }
@@ -164,6 +176,7 @@ fn read() -> impl Strategy<Value = Read> {
             proptest::option::of(0u64..8),
             any::<bool>(),
             any::<bool>(),
+            prop_oneof![4 => Just(0usize), 1 => Just(1usize), 1 => Just(2usize)],
         ),
     )
         .prop_map(
@@ -177,12 +190,12 @@ fn read() -> impl Strategy<Value = Read> {
                     through_seq,
                     english,
                     summary,
+                    template,
                 ),
             )| Read {
                 limit,
                 max_tokens,
                 max_bytes,
-                format,
                 encoding,
                 max_query_chars,
                 max_answer_chars,
@@ -191,6 +204,8 @@ fn read() -> impl Strategy<Value = Read> {
                 through_seq,
                 english,
                 summary,
+                template,
+                format: if template > 0 { Format::Text } else { format },
             },
         )
 }
@@ -371,7 +386,10 @@ impl Pair {
                 let m = self.memory.history(s, &o, now).await;
                 if let Ok(h) = &m {
                     let summary = h.summary.as_ref().map(|s| s.text.as_str());
-                    let fresh = fresh_count(summary, &h.selection, &o);
+                    let fresh = match &h.rendered {
+                        Some(rendered) => o.encoding.count(rendered),
+                        None => fresh_count(summary, &h.selection, &o),
+                    };
                     if h.selection.token_count != fresh {
                         // Shown as a difference, so the comparison fails too.
                         return (format!("counted {fresh}"), shown(m));
@@ -405,6 +423,7 @@ impl Pair {
                     through_seq: u64::MAX,
                     english: false,
                     summary: false,
+                    template: None,
                 };
                 let newest = match self.memory.history(s, &read, now).await {
                     Ok(h) => h.selection.turns.last().map_or(0, |t| t.turn.seq),
@@ -526,6 +545,7 @@ impl Pair {
             after_seq: u.after_seq,
             through_seq: u.through_seq,
             summary: false,
+            template: None,
             ..o.clone()
         };
         let r = self.memory.history(s, &range, self.now).await.ok()?;
@@ -677,6 +697,12 @@ fn memory_and_redis_agree_at_every_budget() {
                         english,
                         // Half the reads begin with the summary.
                         summary: max_tokens % 2 == 1,
+                        // Text reads with none, xml and markdown in turn.
+                        template: if format == Format::Text {
+                            max_tokens as usize % 10 % 3
+                        } else {
+                            0
+                        },
                     };
                     // Also with turns the walk must hand over for counting:
                     // truncated, or in another encoding.

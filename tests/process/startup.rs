@@ -68,3 +68,30 @@ async fn startup_and_readiness_name_what_is_wrong_with_redis() {
         assert!(!log.contains("s3cret-pw") && !detail.contains("s3cret-pw"));
     }
 }
+
+/// A template that does not compile stops the start, naming its file and
+/// line; the process exits without serving.
+#[test]
+fn a_broken_template_stops_the_start_with_its_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("good.jinja"),
+        "{% macro turn(turn) %}{{ turn.user_query }}{% endmacro %}",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("bad.jinja"),
+        "{% macro turn(turn) %}\n{{ turn.user_query }\n{% endmacro %}",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstore"))
+        .arg("serve")
+        .env("TURNSTORE_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env("TURNSTORE_TEMPLATES_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let at = format!("{}:2:", dir.path().join("bad.jinja").display());
+    assert!(stderr.contains(&at), "{stderr}");
+}

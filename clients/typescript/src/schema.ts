@@ -383,6 +383,14 @@ export interface components {
              *     come the newest turns it does not cover.
              */
             summary?: boolean | null;
+            /**
+             * @description Render with this template instead of the `text` format (built-ins
+             *     `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):
+             *     same budget rule, exact `token_count`; `format` must be `text`.
+             *     Unknown: 404 `template_not_found`.
+             * @example xml
+             */
+            template?: string | null;
         };
         /**
          * @description The history, budgeted and rendered in one format.
@@ -508,7 +516,7 @@ export interface components {
          *     (one place: the responses and the OpenAPI document both read them here).
          * @enum {string}
          */
-        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found";
+        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error";
         /**
          * @description Writes the session's summary.
          * @example {
@@ -890,6 +898,15 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /** @description `template_not_found`: no template has this name: the built-ins are xml and markdown, others come from TURNSTORE_TEMPLATES_DIR. */
+        TemplateNotFound: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description `too_many_pending_turns`: the session holds as many started, unfinished turns as allowed; finalize or abort one, or retry after Retry-After seconds; nothing was written. */
         TooManyPendingTurns: {
             headers: {
@@ -937,8 +954,17 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `validation_failed`: a field is invalid; `errors` names each one. `idempotency_key_reused`: this Idempotency-Key was used with a different request body. */
-        ValidationFailedOrIdempotencyKeyReused: {
+        /** @description `validation_failed`: a field is invalid; `errors` names each one. `idempotency_key_reused`: this Idempotency-Key was used with a different request body. `template_error`: the template failed while rendering this history. */
+        ValidationFailedOrIdempotencyKeyReusedOrTemplateError: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `validation_failed`: a field is invalid; `errors` names each one. `template_error`: the template failed while rendering this history. */
+        ValidationFailedOrTemplateError: {
             headers: {
                 [name: string]: unknown;
             };
@@ -992,8 +1018,9 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["SessionOwnerMismatch"];
+            404: components["responses"]["TemplateNotFound"];
             413: components["responses"]["PayloadTooLarge"];
-            422: components["responses"]["ValidationFailedOrIdempotencyKeyReused"];
+            422: components["responses"]["ValidationFailedOrIdempotencyKeyReusedOrTemplateError"];
             429: components["responses"]["TooManyPendingTurns"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
@@ -1112,6 +1139,14 @@ export interface operations {
                  *     come the newest turns it does not cover.
                  */
                 summary?: boolean;
+                /**
+                 * @description Render with this template instead of the `text` format (built-ins
+                 *     `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):
+                 *     same budget rule, exact `token_count`; `format` must be `text`.
+                 *     Unknown: 404 `template_not_found`.
+                 * @example xml
+                 */
+                template?: string;
             };
             header?: never;
             path: {
@@ -1141,8 +1176,9 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            404: components["responses"]["TemplateNotFound"];
             406: components["responses"]["NotAcceptable"];
-            422: components["responses"]["ValidationFailed"];
+            422: components["responses"]["ValidationFailedOrTemplateError"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
         };

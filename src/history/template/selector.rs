@@ -376,6 +376,7 @@ mod tests {
             through_seq: u64::MAX,
             english: false,
             summary: false,
+            template: None,
         }
     }
 

@@ -9,7 +9,9 @@ use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use super::summaries::{self, Described};
 use crate::domain::SessionId;
-use crate::history::{Candidate, Format, Options, Selector, StoppedBy};
+use crate::history::{
+    BudgetState, Candidate, Format, Options, Picker, Selection, Selector, StoppedBy,
+};
 use crate::store::counting::{self, offer_all};
 use crate::store::{SessionInfo, StoreError, StoredHistory, StoredSummary, Unsummarized};
 use crate::turn::Millis;
@@ -24,25 +26,35 @@ pub(super) fn pack(out: &mut Vec<u8>, numbers: &[f64]) {
 }
 
 /// The walk's arguments, packed as `WALK_ARGS` in `lua/walk.lua` wants
-/// them: the read's bounds and the selector's budget so far. `after`:
-/// lower seq bound; `before`: upper one (both excluded), `None` for the
-/// read's own.
+/// them: the read's bounds and its budget so far (`budget`: the header's
+/// tokens and the state; `None` when the walk cannot budget, a template's
+/// read: it then hands every turn over). `after`: lower seq bound;
+/// `before`: upper one (both excluded), `None` for the read's own.
 /// `first`: the read's first call, which may begin with the summary and
 /// describe what the read leaves unsummarized.
 pub(super) fn walk_args(
-    sel: &Selector,
+    o: &Options,
+    budget: Option<(u32, BudgetState)>,
     after: u64,
     before: Option<u64>,
     keep_first: bool,
     first: bool,
 ) -> Vec<u8> {
-    let o = sel.options();
-    let s = sel.state();
     let before = before.or_else(|| o.through_seq.checked_add(1));
+    let (header, s) = budget.unwrap_or((
+        0,
+        BudgetState {
+            room: o.limit,
+            inner_sum: 0,
+            newest: None,
+            newest_may_change: true,
+            bytes: 0,
+        },
+    ));
     let (newest_inner, newest_last) = s
         .newest
         .map_or((-1.0, 0.0), |(i, l)| (f64::from(i), f64::from(l)));
-    let mut out = Vec::with_capacity(12 * 8 + 8);
+    let mut out = Vec::with_capacity(12 * 8 + 9);
     pack(
         &mut out,
         &[
@@ -53,7 +65,7 @@ pub(super) fn walk_args(
             o.max_bytes as f64,
             o.max_query_chars.unwrap_or(0) as f64,
             o.max_answer_chars.unwrap_or(0) as f64,
-            f64::from(sel.header()),
+            f64::from(header),
             s.inner_sum as f64,
             newest_inner,
             newest_last,
@@ -68,7 +80,25 @@ pub(super) fn walk_args(
     out.push(u8::from(!o.english && o.format == Format::Turns));
     out.push(u8::from(first && o.summary));
     out.push(u8::from(first));
+    out.push(u8::from(budget.is_some()));
     out
+}
+
+/// The budget a read's first call starts from (none for a template's).
+pub(super) fn first_budget(read: &Options) -> Option<(u32, BudgetState)> {
+    if read.template.is_some() {
+        return None;
+    }
+    let sel = Selector::new(read);
+    Some((sel.header(), sel.state()))
+}
+
+/// The budget a selection has come to (none for a template's).
+fn budget_of(p: &Picker) -> Option<(u32, BudgetState)> {
+    match p {
+        Picker::Plain(s) => Some((s.header(), s.state())),
+        Picker::Template(_) => None,
+    }
 }
 
 /// One call's part of a walk: `{status, reason, next before, total, first
@@ -168,7 +198,8 @@ fn candidates(mut r: Reply, english: bool) -> Result<Vec<Candidate>, StoreError>
 
 /// A read's selection, and what the store tells around it.
 pub(super) struct Selected {
-    pub selection: crate::history::Selection,
+    pub selection: Selection,
+    pub rendered: Option<String>,
     pub total: u64,
     pub summary: Option<StoredSummary>,
     pub unsummarized: Option<Unsummarized>,
@@ -182,36 +213,31 @@ impl RedisStore {
     pub(super) async fn select_pages(
         &self,
         session: &SessionId,
-        mut sel: Selector,
+        owner: Option<&str>,
+        read: &Options,
         mut page: Page,
         now: Millis,
         before_seq: u64,
     ) -> Result<Selected, StoreError> {
-        let read = sel.options().clone();
         let total = page.total;
         let described = std::mem::replace(&mut page.described, Described::Later);
         let summary = page.summary.take();
-        let mut after = read.after_seq;
-        let opened = match &summary {
-            Some(s) => {
-                after = after.max(s.through_seq);
-                sel.open_with(counting::prelude(s, &read).await)
-            }
-            None => true,
-        };
-        if opened {
+        let after = read
+            .after_seq
+            .max(summary.as_ref().map_or(0, |s| s.through_seq));
+        let mut sel = counting::begin(read, session.as_str(), owner, summary.as_ref()).await?;
+        if !sel.is_stopped() {
             sel = self.offer_pages(session, sel, page, after, now).await?;
         }
-        let selection = sel.finish();
+        let picked = sel.finish()?;
+        let selection = picked.selection;
         let unsummarized = match described {
             Described::Done(u) => u,
-            Described::Later => {
-                self.describe(session, &selection, &read, before_seq)
-                    .await?
-            }
+            Described::Later => self.describe(session, &selection, read, before_seq).await?,
         };
         Ok(Selected {
             summary: summary.filter(|_| selection.summary),
+            rendered: picked.rendered,
             selection,
             total,
             unsummarized,
@@ -221,11 +247,11 @@ impl RedisStore {
     async fn offer_pages(
         &self,
         session: &SessionId,
-        mut sel: Selector,
+        mut sel: Picker,
         mut page: Page,
         mut after: u64,
         now: Millis,
-    ) -> Result<Selector, StoreError> {
+    ) -> Result<Picker, StoreError> {
         loop {
             if let Some(first) = &page.first {
                 after = first.seq;
@@ -241,15 +267,17 @@ impl RedisStore {
                     return Ok(sel);
                 }
                 PageEnd::More(before) => {
-                    let a = args![now, walk_args(&sel, after, Some(before), false, false)];
+                    let o = sel.options();
+                    let args = walk_args(o, budget_of(&sel), after, Some(before), false, false);
+                    let english = o.english;
                     let v: Value = self
-                        .run_session(&self.scripts.history, session.as_str(), a)
+                        .run_session(&self.scripts.history, session.as_str(), args![now, args])
                         .await?;
                     if v == Value::Nil {
                         // The session went away between the pages.
                         return Ok(sel);
                     }
-                    page = HistoryReply::parse(v, sel.options().english)?.page;
+                    page = HistoryReply::parse(v, english)?.page;
                 }
             }
         }
@@ -261,23 +289,37 @@ impl RedisStore {
         read: &Options,
         now: Millis,
     ) -> Result<StoredHistory, StoreError> {
-        let sel = Selector::new(read);
         let a = args![
             now,
-            walk_args(&sel, read.after_seq, None, read.keep_first, true)
+            walk_args(
+                read,
+                first_budget(read),
+                read.after_seq,
+                None,
+                read.keep_first,
+                true
+            )
         ];
         let v: Value = self
             .run_session(&self.scripts.history, session.as_str(), a)
             .await?;
         if v == Value::Nil {
             return Ok(StoredHistory {
-                selection: sel.finish(),
+                selection: Selection::default(),
+                rendered: read.template.as_ref().map(|_| String::new()),
                 ..StoredHistory::default()
             });
         }
         let reply = HistoryReply::parse(v, read.english)?;
         let s = self
-            .select_pages(session, sel, reply.page, now, u64::MAX)
+            .select_pages(
+                session,
+                reply.owner.as_deref(),
+                read,
+                reply.page,
+                now,
+                u64::MAX,
+            )
             .await?;
         Ok(StoredHistory {
             user_id: reply.owner,
@@ -285,6 +327,7 @@ impl RedisStore {
             pending_turns: reply.pending_turns,
             selection: s.selection,
             summary: s.summary,
+            rendered: s.rendered,
             unsummarized: s.unsummarized,
         })
     }

@@ -362,6 +362,7 @@ mod tests {
                 through_seq: u64::MAX,
                 english: false,
                 summary: false,
+                template: None,
             };
             let s = select([c.clone(), Candidate { seq: 2, ..c }].into_iter(), &o);
             let text = crate::history::render_text(&s.turns);

@@ -6,12 +6,11 @@ use std::time::Duration;
 use redis::Value;
 
 use super::RedisStore;
-use super::reads::{Page, pack, walk_args};
+use super::reads::{Page, first_budget, pack, walk_args};
 use super::record::{self, id_bytes};
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::Selector;
 use crate::store::{Finalized, StartTurn, Started, StoreError, StoredHistory, ms};
 use crate::turn::{Finalization, Millis, TurnView};
 
@@ -122,7 +121,7 @@ impl RedisStore {
             indexed = Some((user.to_string(), time));
         }
         for _ in 0..INDEX_ATTEMPTS {
-            let sel = req.history.map(Selector::new);
+            let reading = req.history;
             let (index_user, index_time) =
                 indexed.as_ref().map_or(("", 0), |(u, t)| (u.as_str(), *t));
             let mut numbers = Vec::with_capacity(6 * 8 + 1);
@@ -137,7 +136,7 @@ impl RedisStore {
                     index_time as f64,
                 ],
             );
-            numbers.push(u8::from(sel.is_some()));
+            numbers.push(u8::from(reading.is_some()));
             let mut a = args![
                 numbers,
                 req.user_id.map(UserId::as_str).unwrap_or(""),
@@ -148,9 +147,15 @@ impl RedisStore {
                 index_user,
                 english.as_slice(),
             ];
-            if let Some(sel) = &sel {
-                let o = sel.options();
-                a.extend(args![walk_args(sel, o.after_seq, None, o.keep_first, true)]);
+            if let Some(o) = reading {
+                a.extend(args![walk_args(
+                    o,
+                    first_budget(o),
+                    o.after_seq,
+                    None,
+                    o.keep_first,
+                    true
+                )]);
             }
             let v: Value = self
                 .run_session(&self.scripts.start_turn, session.as_str(), a)
@@ -182,15 +187,29 @@ impl RedisStore {
                     purged,
                 } => {
                     self.expired_pending.inc_by(purged);
-                    let history = match (sel, page) {
-                        (Some(sel), Some(page)) => {
-                            let s = self.select_pages(session, sel, *page, req.now, seq).await?;
+                    let history = match (reading, page) {
+                        (Some(read), Some(page)) => {
+                            let selected = self
+                                .select_pages(session, owner.as_deref(), read, *page, req.now, seq)
+                                .await;
+                            let s = match selected {
+                                Ok(s) => s,
+                                Err(e) => {
+                                    // A template failed on the history: the
+                                    // start leaves nothing.
+                                    if !replayed && matches!(e, StoreError::Template(_)) {
+                                        let _ = self.delete(session, turn_id).await;
+                                    }
+                                    return Err(e);
+                                }
+                            };
                             Some(StoredHistory {
                                 user_id: owner.clone(),
                                 total_turns: s.total,
                                 pending_turns: pending_before,
                                 selection: s.selection,
                                 summary: s.summary,
+                                rendered: s.rendered,
                                 unsummarized: s.unsummarized,
                             })
                         }

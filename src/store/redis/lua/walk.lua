@@ -15,7 +15,8 @@
 -- over translated turns' English copies beside their texts), summary (1:
 -- begin with the session's summary, the candidates above what it covers),
 -- describe (1: a first call, which describes the unsummarized turns when
--- it ends the selection itself).
+-- it ends the selection itself), budget (0: the caller budgets every turn
+-- itself, a template's read: hand them all over).
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
 -- when the read's range is all of them.
@@ -39,12 +40,12 @@ local WALK, LOADED = 1024, 1048576
 local HANDOVER, HANDOVER_BYTES = 64, 262144
 local BATCH = 64
 
-local WALK_ARGS = '>ddddddddddddc1BBBBBBB'
+local WALK_ARGS = '>ddddddddddddc1BBBBBBBB'
 
 local function walk(at, before, count)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
     inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies,
-    with_summary, describing = struct.unpack(WALK_ARGS, ARGV[at])
+    with_summary, describing, budget = struct.unpack(WALK_ARGS, ARGV[at])
   text, keep_first, change = text == 1, keep_first == 1, change == 1
   english, copies = english == 1, copies == 1
   with_summary, describing = with_summary == 1, describing == 1
@@ -64,7 +65,7 @@ local function walk(at, before, count)
 
   -- A summary comes first: its counts apply when in the read's encoding
   -- (else every turn is handed over, and the caller counts it too).
-  local exact = true
+  local exact = budget == 1
   if summary and after < covered then after = covered end
 
   local lower = '(' .. after
@@ -77,7 +78,7 @@ local function walk(at, before, count)
   end
   if summary then
     local _, letter, _, alone, joined, message, sbytes = string.match(summary[3], SUMMARY)
-    if letter == enc then
+    if exact and letter == enc then
       alone, joined, sbytes = tonumber(alone), tonumber(joined), tonumber(sbytes)
       if not text then
         alone = tonumber(message) + 4

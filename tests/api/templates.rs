@@ -1,0 +1,238 @@
+//! Templates (API.md v1.1): a history rendered by a named template (the
+//! built-ins `xml` and `markdown`, or the server's own files), under the
+//! budget rule, with an exact `token_count`, sandboxed.
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::support::{Backend, TestApp, count, ok_json, problem, sid};
+
+conformance!(
+    built_in_templates_render_exactly_and_count_exactly,
+    a_template_keeps_whole_turns_within_the_budget,
+    templates_render_the_summary_first,
+    operators_templates_render_and_fail_cleanly,
+    unknown_templates_and_other_formats_are_refused,
+);
+
+/// A session of three turns, one with text that XML must escape.
+async fn three_turns(app: &TestApp) -> String {
+    let s = sid();
+    app.complete(&s, "What is 1 < 2?", "True & \"obvious\".")
+        .await;
+    app.complete(&s, "And 'this'?", "Also.").await;
+    app.complete(&s, "Bye", "See you.").await;
+    s
+}
+
+async fn built_in_templates_render_exactly_and_count_exactly(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = three_turns(&app).await;
+
+    let xml = app.history_ok(&s, "template=xml").await;
+    let expected = "<history>\
+        <turn role=\"user\">What is 1 &lt; 2?</turn><turn role=\"assistant\">True &amp; &quot;obvious&quot;.</turn>\
+        <turn role=\"user\">And &apos;this&apos;?</turn><turn role=\"assistant\">Also.</turn>\
+        <turn role=\"user\">Bye</turn><turn role=\"assistant\">See you.</turn>\
+        </history>";
+    assert_eq!(xml["rendered"], expected);
+    assert_eq!(xml["format"], "text");
+    for encoding in ["o200k_base", "cl100k_base", "p50k_base"] {
+        let h = app
+            .history_ok(&s, &format!("template=xml&encoding={encoding}"))
+            .await;
+        assert_eq!(h["token_count"], count(encoding, expected), "{encoding}");
+    }
+
+    let md = app.history_ok(&s, "template=markdown&limit=2").await;
+    let expected = "## Conversation history\n\n\
+        **User:** And 'this'?\n\n**Assistant:** Also.\n\n\
+        **User:** Bye\n\n**Assistant:** See you.";
+    assert_eq!(md["rendered"], expected);
+    assert_eq!(md["token_count"], count("o200k_base", expected));
+    assert_eq!(md["stopped_by"], "limit");
+    // As text/plain, and in a start's history.
+    let res = app
+        .http
+        .get(app.url(&format!(
+            "/v1/sessions/{s}/history?template=markdown&limit=2"
+        )))
+        .header("accept", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()["x-token-count"].to_str().unwrap(),
+        count("o200k_base", expected).to_string()
+    );
+    assert_eq!(res.text().await.unwrap(), expected);
+    let started = app
+        .started(json!({"session_id": s, "user_query": "q",
+                        "history": {"template": "markdown", "limit": 2}}))
+        .await;
+    assert_eq!(started["history"]["rendered"], expected);
+}
+
+async fn a_template_keeps_whole_turns_within_the_budget(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = three_turns(&app).await;
+    let newest =
+        "<history><turn role=\"user\">Bye</turn><turn role=\"assistant\">See you.</turn></history>";
+    let two = "<history><turn role=\"user\">And &apos;this&apos;?</turn><turn role=\"assistant\">Also.</turn>\
+        <turn role=\"user\">Bye</turn><turn role=\"assistant\">See you.</turn></history>";
+    let (n1, n2) = (count("o200k_base", newest), count("o200k_base", two));
+
+    for budget in [n1, n2 - 1] {
+        let h = app
+            .history_ok(&s, &format!("template=xml&max_tokens={budget}"))
+            .await;
+        assert_eq!(h["rendered"], newest, "{budget}");
+        assert_eq!(h["token_count"], n1);
+        assert_eq!(h["stopped_by"], "max_tokens");
+    }
+    let h = app
+        .history_ok(&s, &format!("template=xml&max_tokens={n2}"))
+        .await;
+    assert_eq!(h["rendered"], two);
+    let none = app
+        .history_ok(&s, &format!("template=xml&max_tokens={}", n1 - 1))
+        .await;
+    assert_eq!(
+        (none["rendered"].clone(), none["token_count"].clone()),
+        (json!(""), json!(0))
+    );
+    // keep_first: the first turn, then the newest that fit.
+    let h = app
+        .history_ok(&s, "template=xml&keep_first=true&limit=2")
+        .await;
+    assert!(
+        h["rendered"]
+            .as_str()
+            .unwrap()
+            .starts_with("<history><turn role=\"user\">What is 1 &lt; 2?")
+    );
+    assert!(
+        h["rendered"]
+            .as_str()
+            .unwrap()
+            .ends_with("See you.</turn></history>")
+    );
+    assert_eq!(
+        h["token_count"],
+        count("o200k_base", h["rendered"].as_str().unwrap())
+    );
+    // unsummarized is described for templated reads too.
+    assert_eq!(h["unsummarized"]["turns"], 1);
+}
+
+async fn templates_render_the_summary_first(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = three_turns(&app).await;
+    let put = app
+        .http
+        .put(app.url(&format!("/v1/sessions/{s}/summary")))
+        .json(&json!({"summary": "Numbers & quotes.", "through_seq": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 200);
+
+    let h = app.history_ok(&s, "template=xml&summary=true").await;
+    let expected = "<summary>Numbers &amp; quotes.</summary>\
+        <history><turn role=\"user\">Bye</turn><turn role=\"assistant\">See you.</turn></history>";
+    assert_eq!(h["rendered"], expected);
+    assert_eq!(h["token_count"], count("o200k_base", expected));
+    let alone = app
+        .history_ok(&s, "template=markdown&summary=true&limit=0")
+        .await;
+    assert_eq!(
+        alone["rendered"],
+        "## Conversation summary\n\nNumbers & quotes.\n\n"
+    );
+}
+
+async fn operators_templates_render_and_fail_cleanly(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, source: &str| std::fs::write(dir.path().join(name), source).unwrap();
+    write(
+        "plain.jinja",
+        "{% macro turn(turn) %}[{{ turn.seq }}] {{ turn.user_query }} -> {{ turn.final_answer }}{% endmacro %}\
+         {% macro separator() %}\n{% endmacro %}",
+    );
+    write(
+        "broken.jinja",
+        "{% macro turn(turn) %}\n{{ turn.no_such_field }}\n{% endmacro %}",
+    );
+    write(
+        "endless.jinja",
+        "{% macro turn(turn) %}{% for i in range(1000000) %}{% for j in range(1000000) %}x{% endfor %}{% endfor %}{% endmacro %}",
+    );
+    let path = dir.path().to_owned();
+    let app = TestApp::spawn_with(backend, |s| s.templates_dir = Some(path)).await;
+    let s = three_turns(&app).await;
+
+    let h = app.history_ok(&s, "template=plain&limit=2").await;
+    assert_eq!(
+        h["rendered"],
+        "[2] And 'this'? -> Also.\n[3] Bye -> See you."
+    );
+    assert_eq!(
+        h["token_count"],
+        count("o200k_base", h["rendered"].as_str().unwrap())
+    );
+
+    let p = problem(
+        app.history(&s, "template=broken").await,
+        422,
+        "template_error",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("line 2"), "{p}");
+    let p = problem(
+        app.history(&s, "template=endless").await,
+        422,
+        "template_error",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("line 1"), "{p}");
+    // A template failing in a start: nothing is written.
+    let res = app
+        .start(json!({"session_id": s, "user_query": "q", "history": {"template": "broken"}}))
+        .await;
+    problem(res, 422, "template_error").await;
+    let h = app.history_ok(&s, "").await;
+    assert_eq!(
+        (h["total_turns"].clone(), h["pending_turns"].clone()),
+        (json!(3), json!(0))
+    );
+}
+
+async fn unknown_templates_and_other_formats_are_refused(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = three_turns(&app).await;
+    problem(
+        app.history(&s, "template=nope").await,
+        404,
+        "template_not_found",
+    )
+    .await;
+    let p = problem(
+        app.history(&s, "template=xml&format=messages").await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["field"], "format");
+    problem(
+        app.history(&s, "template=a%20b").await,
+        404,
+        "template_not_found",
+    )
+    .await;
+    let res = app
+        .start(json!({"session_id": s, "user_query": "q", "history": {"template": "nope"}}))
+        .await;
+    problem(res, 404, "template_not_found").await;
+    let h = ok_json(app.history(&s, "").await, StatusCode::OK).await;
+    assert_eq!(h["pending_turns"], 0);
+}
