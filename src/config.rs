@@ -133,6 +133,11 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
     pub store_timeout: Duration,
 
+    /// How long a user's export may stream at most; past it, the stream
+    /// ends early (the client sees a cut export).
+    #[arg(long, env = "TURNSTORE_EXPORT_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub export_timeout: Duration,
+
     /// A request's head (its line and headers) must arrive within this,
     /// counted from its first byte (from the connection's start for the
     /// first request); past it the connection is closed.

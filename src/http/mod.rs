@@ -3,8 +3,10 @@
 
 mod accept;
 pub mod error;
+mod exports;
 mod extract;
 mod history;
+mod imports;
 mod ops;
 mod sessions;
 mod spec;
@@ -92,6 +94,8 @@ fn routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
             summaries::get_summary,
             summaries::delete_summary
         ))
+        .routes(routes!(imports::import))
+        .routes(routes!(exports::export))
         .routes(routes!(users::list_user_sessions))
         .routes(routes!(users::erase_user))
         .split_for_parts();

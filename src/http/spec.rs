@@ -35,6 +35,7 @@ use crate::domain::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TextError, Tu
         (name = "turns", description = "A RAG request's two calls: start a turn with the user's question (getting the history for the prompt), then finalize it with the answer, or abort it when the pipeline fails."),
         (name = "sessions", description = "A session's history, rendered and budgeted for a prompt; its details; clearing it."),
         (name = "summaries", description = "A session's rolling summary of its older turns: written by a client (compare-and-set on what it covers) or the server's summarizer; histories with `summary=true` begin with it."),
+        (name = "import-export", description = "Transcripts made elsewhere, appended as finalized turns (all or nothing); a user's sessions exported as NDJSON (session replay, data portability)."),
         (name = "users", description = "A user's sessions, listed page by page, and their erasure (right to erasure)."),
         (name = "operations", description = "Liveness, readiness and metrics, for probes and scrapers; never behind authentication."),
     )
@@ -163,8 +164,17 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
         ],
     ),
     ("get_summary", &[ProblemCode::SummaryNotFound]),
+    (
+        "import",
+        &[
+            ProblemCode::SessionOwnerMismatch,
+            ProblemCode::PayloadTooLarge,
+            ProblemCode::IdempotencyKeyReused,
+        ],
+    ),
     ("delete_summary", &[]),
     ("list_user_sessions", &[]),
+    ("export", &[]),
     ("erase_user", &[]),
 ];
 

@@ -27,7 +27,7 @@ pub struct UserPath {
 path_extractor!(UserPath);
 
 impl UserPath {
-    fn user_id(&self) -> Valid<UserId> {
+    pub(super) fn user_id(&self) -> Valid<UserId> {
         field("user_id", UserId::parse(self.user_id.as_str()))
     }
 }

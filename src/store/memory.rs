@@ -10,14 +10,14 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
-    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Limits, Pace, SessionInfo,
-    SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory,
-    StoredSummary, SummaryWrite, Unreturned, Unsummarized, next_index_time,
+    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Limits, Pace,
+    SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError,
+    StoredHistory, StoredSummary, SummaryWrite, Unreturned, Unsummarized, next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::{Candidate, Content, Copies, Format, Options};
 use crate::store::counting::{self, offer_all};
-use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn};
+use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn, TurnView};
 
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -56,6 +56,14 @@ impl UserIndex {
     }
 }
 
+/// What an idempotency key made: a start's turn (the key goes with it), or
+/// an import's turns (the key lives as long as the session).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyUse {
+    Start(TurnId),
+    Import { first: u64, last: u64 },
+}
+
 struct Session {
     user_id: Option<UserId>,
     created_at: Millis,
@@ -65,8 +73,8 @@ struct Session {
     finalized: BTreeMap<u64, FinalizedTurn>,
     finalized_seq: HashMap<TurnId, u64>,
     pending: HashMap<TurnId, (PendingTurn, Instant)>,
-    /// key -> (turn, request hash)
-    idempotency: HashMap<String, (TurnId, String)>,
+    /// key -> (what it made, request hash)
+    idempotency: HashMap<String, (KeyUse, String)>,
     /// How long the owner's index entry reaches (`Limits::index_needed`).
     indexed_until: Millis,
     summary: Option<StoredSummary>,
@@ -75,6 +83,23 @@ struct Session {
 }
 
 impl Session {
+    fn new(created_at: Millis, now: Instant) -> Self {
+        Session {
+            user_id: None,
+            created_at,
+            last_active_at: created_at,
+            expires: now,
+            next_seq: 0,
+            finalized: BTreeMap::new(),
+            finalized_seq: HashMap::new(),
+            pending: HashMap::new(),
+            idempotency: HashMap::new(),
+            indexed_until: 0,
+            summary: None,
+            counts_in: CountsIn::Nothing,
+        }
+    }
+
     /// Drops expired pending turns; returns how many.
     fn purge_pending(&mut self, now: Instant) -> u64 {
         let expired: Vec<TurnId> = self
@@ -93,7 +118,10 @@ impl Session {
 
     fn forget_key(&mut self, key: Option<&str>, turn: TurnId) {
         if let Some(key) = key
-            && self.idempotency.get(key).is_some_and(|(t, _)| *t == turn)
+            && self
+                .idempotency
+                .get(key)
+                .is_some_and(|(t, _)| *t == KeyUse::Start(turn))
         {
             self.idempotency.remove(key);
         }
@@ -262,6 +290,15 @@ impl Session {
     }
 }
 
+/// A turn's texts, copies included: what an export page counts.
+fn turn_bytes(t: &FinalizedTurn) -> u64 {
+    let copy = |e: Option<&String>| e.map_or(0, String::len);
+    (t.start.user_query.len()
+        + t.end.final_answer.len()
+        + copy(t.start.english.as_ref().map(|e| &e.text))
+        + copy(t.end.english.as_ref().map(|e| &e.text))) as u64
+}
+
 /// Bytes a content takes at least as rendered: a cut keeps `max_chars`
 /// characters (and adds the mark), of a byte or more each.
 fn rendered_at_least(c: &Content, max_chars: Option<usize>) -> usize {
@@ -379,8 +416,11 @@ impl MemoryStore {
             return Err(StoreError::OwnerMismatch);
         }
         if let (Some(s), Some((key, hash))) = (&existing, req.idempotency)
-            && let Some((turn, stored_hash)) = s.idempotency.get(key.as_str())
+            && let Some((made, stored_hash)) = s.idempotency.get(key.as_str())
         {
+            let KeyUse::Start(turn) = made else {
+                return Err(StoreError::IdempotencyKeyReused);
+            };
             if stored_hash != hash {
                 return Err(StoreError::IdempotencyKeyReused);
             }
@@ -409,20 +449,7 @@ impl MemoryStore {
         let session = state
             .sessions
             .entry(req.session_id.clone())
-            .or_insert_with(|| Session {
-                user_id: None,
-                created_at: req.now,
-                last_active_at: req.now,
-                expires: now,
-                next_seq: 0,
-                finalized: BTreeMap::new(),
-                finalized_seq: HashMap::new(),
-                pending: HashMap::new(),
-                idempotency: HashMap::new(),
-                indexed_until: 0,
-                summary: None,
-                counts_in: CountsIn::Nothing,
-            });
+            .or_insert_with(|| Session::new(req.now, now));
         self.expired_pending.inc_by(session.purge_pending(now));
         let claim = session.user_id.is_none() && req.user_id.is_some();
         if claim {
@@ -450,7 +477,7 @@ impl MemoryStore {
         if let Some((key, hash)) = req.idempotency {
             session
                 .idempotency
-                .insert(key.to_string(), (turn_id, hash.to_owned()));
+                .insert(key.to_string(), (KeyUse::Start(turn_id), hash.to_owned()));
         }
         session.last_active_at = req.now;
         session.expires = now + self.limits.session_ttl;
@@ -721,6 +748,122 @@ impl Store for MemoryStore {
         Ok(Erased {
             deleted_sessions,
             complete: true,
+        })
+    }
+
+    async fn turns_page(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        max_turns: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<TurnView>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let Some(s) = state.live(session, now) else {
+            return Ok(Vec::new());
+        };
+        let mut bytes = 0u64;
+        let mut out = Vec::new();
+        for (_, t) in s.finalized.range(after_seq.saturating_add(1)..) {
+            let size = turn_bytes(t);
+            if out.len() == max_turns || (!out.is_empty() && bytes + size > max_bytes) {
+                break;
+            }
+            bytes += size;
+            out.push(t.view());
+        }
+        Ok(out)
+    }
+
+    async fn import(&self, req: Import<'_>) -> Result<Imported, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let state = &mut *state;
+        if let Some(s) = state.live(req.session_id, now) {
+            if let (Some(owner), Some(user)) = (&s.user_id, req.user_id)
+                && owner != user
+            {
+                return Err(StoreError::OwnerMismatch);
+            }
+            if let Some((key, hash)) = req.idempotency
+                && let Some((made, stored_hash)) = s.idempotency.get(key.as_str())
+            {
+                return match made {
+                    KeyUse::Import { first, last } if stored_hash == hash => Ok(Imported {
+                        user_id: s.user_id.as_ref().map(|u| u.to_string()),
+                        first_seq: *first,
+                        last_seq: *last,
+                        replayed: true,
+                    }),
+                    _ => Err(StoreError::IdempotencyKeyReused),
+                };
+            }
+        }
+        let session = state
+            .sessions
+            .entry(req.session_id.clone())
+            .or_insert_with(|| Session::new(req.now, now));
+        let claim = session.user_id.is_none() && req.user_id.is_some();
+        if claim {
+            session.user_id = req.user_id.cloned();
+        }
+        let needed = req
+            .now
+            .saturating_add(super::ms(self.limits.index_needed()));
+        if let Some(owner) = &session.user_id
+            && (claim || session.indexed_until < needed)
+        {
+            let index = state.users.entry(owner.clone()).or_default();
+            let top = index.by_time.last_key_value().map(|(t, _)| *t);
+            let time = next_index_time(req.now, self.limits.index_horizon(), top, 0);
+            index.put(req.session_id, time);
+            session.indexed_until = time;
+        }
+        let first = session.next_seq + 1;
+        for t in req.turns {
+            session.next_seq += 1;
+            let done = FinalizedTurn {
+                start: PendingTurn {
+                    seq: session.next_seq,
+                    turn_id: t.turn_id,
+                    user_query: t.user_query.clone(),
+                    started_at: req.now,
+                    idempotency_key: None,
+                    tokens: t.query_tokens,
+                    english: None,
+                },
+                end: Finalization {
+                    final_answer: t.final_answer.clone(),
+                    finalized_at: req.now,
+                    tokens: t.answer_tokens,
+                    english: None,
+                },
+            };
+            session.counts_in = session.counts_in.add(&done.costs(), false);
+            session.finalized_seq.insert(t.turn_id, done.seq());
+            session.finalized.insert(done.seq(), done);
+        }
+        let last = session.next_seq;
+        while session.finalized.len() > self.limits.max_turns as usize {
+            if let Some((_, old)) = session.finalized.pop_first() {
+                session.finalized_seq.remove(&old.start.turn_id);
+                session.forget_key(old.start.idempotency_key.as_deref(), old.start.turn_id);
+            }
+        }
+        if let Some((key, hash)) = req.idempotency {
+            session.idempotency.insert(
+                key.to_string(),
+                (KeyUse::Import { first, last }, hash.to_owned()),
+            );
+        }
+        session.last_active_at = req.now;
+        session.expires = now + self.limits.session_ttl;
+        Ok(Imported {
+            user_id: session.user_id.as_ref().map(|u| u.to_string()),
+            first_seq: first,
+            last_seq: last,
+            replayed: false,
         })
     }
 

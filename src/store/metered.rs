@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Erased, Finalized, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started, Store,
-    StoreError, StoredHistory, StoredSummary, SummaryWrite,
+    Erased, Finalized, Import, Imported, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started,
+    Store, StoreError, StoredHistory, StoredSummary, SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
 use crate::metrics::Metrics;
-use crate::turn::{Finalization, Millis};
+use crate::turn::{Finalization, Millis, TurnView};
 
 pub struct Metered {
     inner: Arc<dyn Store>,
@@ -109,6 +109,25 @@ impl Store for Metered {
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
         self.time("erase_user", self.inner.erase_user(user, budget))
             .await
+    }
+
+    async fn turns_page(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        max_turns: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<TurnView>, StoreError> {
+        self.time(
+            "turns_page",
+            self.inner
+                .turns_page(session, after_seq, max_turns, max_bytes),
+        )
+        .await
+    }
+
+    async fn import(&self, req: Import<'_>) -> Result<Imported, StoreError> {
+        self.time("import", self.inner.import(req)).await
     }
 
     async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {

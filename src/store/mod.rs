@@ -150,6 +150,49 @@ pub struct StoredSummary {
     pub tokens: SummaryTokens,
 }
 
+/// An import: finalized turns appended from a transcript, all or nothing.
+#[derive(Debug)]
+pub struct Import<'a> {
+    pub session_id: &'a SessionId,
+    pub user_id: Option<&'a UserId>,
+    /// Oldest first; their ids made by the caller.
+    pub turns: &'a [ImportedTurn],
+    /// The key and a hash of the request it came with.
+    pub idempotency: Option<(&'a IdempotencyKey, &'a str)>,
+    pub now: Millis,
+}
+
+/// A turn of an import, counted.
+#[derive(Debug, Clone)]
+pub struct ImportedTurn {
+    pub turn_id: TurnId,
+    pub user_query: String,
+    pub final_answer: String,
+    pub query_tokens: crate::tokens::QueryTokens,
+    pub answer_tokens: crate::tokens::AnswerTokens,
+}
+
+impl ImportedTurn {
+    pub fn costs(&self) -> TurnCosts {
+        TurnCosts::new(
+            &self.user_query,
+            self.query_tokens,
+            &self.final_answer,
+            self.answer_tokens,
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// The session's owner, if it has one.
+    pub user_id: Option<String>,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// An earlier import with the same idempotency key and request made these.
+    pub replayed: bool,
+}
+
 /// A summary write (`PUT .../summary`).
 #[derive(Debug)]
 pub struct SummaryWrite<'a> {
@@ -359,6 +402,22 @@ pub trait Store: Send + Sync + 'static {
     /// fits in `budget` (see `Pace`); a later call continues with what is
     /// left.
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError>;
+
+    /// The session's finalized turns with `seq > after_seq`, oldest first:
+    /// at most `max_turns`, and no more than `max_bytes` of texts (but at
+    /// least one turn, whatever its size). An export reads a session so.
+    async fn turns_page(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        max_turns: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<TurnView>, StoreError>;
+
+    /// Appends finalized turns (see `Import`), checks the owner (a first
+    /// owner claims the session) and the idempotency key, trims to
+    /// `max_turns`, slides the TTL: all or nothing.
+    async fn import(&self, req: Import<'_>) -> Result<Imported, StoreError>;
 
     /// Writes the session's summary (see `SummaryWrite`), slides the TTL.
     async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError>;

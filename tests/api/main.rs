@@ -46,6 +46,7 @@ macro_rules! conformance {
 
 mod cors;
 mod edge;
+mod imports;
 mod model;
 mod pending;
 mod reads;

@@ -16,7 +16,9 @@ use turnstore::history::{
     Format, MESSAGE_OVERHEAD, Options, Selection, messages_with, render_text, render_text_with,
 };
 use turnstore::metrics::Metrics;
-use turnstore::store::{Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite};
+use turnstore::store::{
+    Import, ImportedTurn, Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite,
+};
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens};
 use turnstore::turn::{English, Finalization, Millis, NewPendingTurn};
 use turnstore::{Settings, app};
@@ -140,6 +142,20 @@ enum Op {
     GetSummary {
         session: usize,
     },
+    /// An import of these (question, answer) text pairs.
+    Import {
+        session: usize,
+        user: Option<usize>,
+        key: Option<usize>,
+        pairs: Vec<(usize, usize)>,
+    },
+    /// An export's page of a session's turns.
+    TurnsPage {
+        session: usize,
+        after: u64,
+        max_turns: usize,
+        max_bytes: u64,
+    },
     DeleteSummary {
         session: usize,
     },
@@ -232,6 +248,12 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(session, text, back, expected, user)|
                 Op::PutSummary { session, text, back, expected, user }),
         1 => s.clone().prop_map(|session| Op::GetSummary { session }),
+        1 => (s.clone(), proptest::option::of(0..USERS), proptest::option::of(0usize..2),
+              proptest::collection::vec((0..TEXT_COUNT, 0..TEXT_COUNT), 1..4))
+            .prop_map(|(session, user, key, pairs)| Op::Import { session, user, key, pairs }),
+        1 => (s.clone(), 0u64..6, 1usize..4, prop_oneof![Just(1u64), Just(100), Just(1 << 20)])
+            .prop_map(|(session, after, max_turns, max_bytes)|
+                Op::TurnsPage { session, after, max_turns, max_bytes }),
         1 => s.clone().prop_map(|session| Op::DeleteSummary { session }),
         1 => s.prop_map(|session| Op::Clear { session }),
         1 => (0..USERS, 1usize..3).prop_map(|(user, limit)| Op::List { user, limit }),
@@ -449,6 +471,59 @@ impl Pair {
                 (
                     shown(self.memory.put_summary(write()).await),
                     shown(self.redis.put_summary(write()).await),
+                )
+            }
+            Op::Import {
+                session,
+                user,
+                key,
+                pairs,
+            } => {
+                let turns: Vec<ImportedTurn> = pairs
+                    .iter()
+                    .map(|(q, a)| ImportedTurn {
+                        turn_id: TurnId::generate(),
+                        user_query: self.texts[*q].clone(),
+                        final_answer: self.texts[*a].clone(),
+                        query_tokens: QueryTokens::count(self.encoding, &self.texts[*q]),
+                        answer_tokens: AnswerTokens::count(self.encoding, &self.texts[*a]),
+                    })
+                    .collect();
+                let key = key.map(|k| IdempotencyKey::parse(format!("i{k}")).unwrap());
+                let hash = format!("{pairs:?}").replace(' ', "");
+                let import = || Import {
+                    session_id: &self.sessions[*session],
+                    user_id: user.map(|u| &self.users[u]),
+                    turns: &turns,
+                    idempotency: key.as_ref().map(|k| (k, hash.as_str())),
+                    now,
+                };
+                let m = self.memory.import(import()).await;
+                let r = self.redis.import(import()).await;
+                if m.as_ref().is_ok_and(|i| !i.replayed) {
+                    // Finalizes and deletes may pick imported turns too.
+                    self.turns[*session].extend(turns.iter().map(|t| t.turn_id));
+                }
+                (shown(m), shown(r))
+            }
+            Op::TurnsPage {
+                session,
+                after,
+                max_turns,
+                max_bytes,
+            } => {
+                let s = &self.sessions[*session];
+                (
+                    shown(
+                        self.memory
+                            .turns_page(s, *after, *max_turns, *max_bytes)
+                            .await,
+                    ),
+                    shown(
+                        self.redis
+                            .turns_page(s, *after, *max_turns, *max_bytes)
+                            .await,
+                    ),
                 )
             }
             Op::GetSummary { session } => {

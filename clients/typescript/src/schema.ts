@@ -148,6 +148,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/import": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Import a transcript
+         * @description Appends a chat transcript made elsewhere as finalized turns: each user
+         *     message and the assistant message after it become one turn, with the
+         *     next seqs. All or nothing: any invalid message (named by its index) and
+         *     nothing is written. Retry-safe with an `Idempotency-Key`.
+         */
+        post: operations["import"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/users/{user_id}/export": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Export a user's sessions
+         * @description Every live session of the user, one JSON object per line
+         *     (`application/x-ndjson`), in the order of the sessions list; each holds
+         *     its finalized turns, oldest first, and its summary. Streamed: memory
+         *     stays bounded whatever the user holds. The status is sent first: a
+         *     failure later ends the stream early, without the last line's newline.
+         *     An unknown user has an empty export.
+         */
+        get: operations["export"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/users/{user_id}/sessions": {
         parameters: {
             query?: never;
@@ -261,6 +309,36 @@ export interface components {
              *     continue where this call stopped.
              */
             complete: boolean;
+        };
+        /**
+         * @description One line of an export: a session and its turns, oldest first.
+         * @example {
+         *       "session_id": "chat-42",
+         *       "created_at": "2026-11-25T10:15:30.123Z",
+         *       "last_active_at": "2026-11-25T10:17:02.481Z",
+         *       "turns": [
+         *         {
+         *           "turn_id": "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a",
+         *           "seq": 1,
+         *           "user_query": "What is a vector index?",
+         *           "final_answer": "An index that finds the stored vectors nearest to a query vector.",
+         *           "started_at": "2026-11-25T10:15:30.123Z",
+         *           "finalized_at": "2026-11-25T10:15:32.456Z",
+         *           "truncated": false
+         *         }
+         *       ]
+         *     }
+         */
+        ExportedSession: {
+            session_id: components["schemas"]["SessionId"];
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            last_active_at: string;
+            /** @description The session's summary, when it has one. */
+            summary?: components["schemas"]["Summary"];
+            /** @description Every finalized turn, oldest first (pending turns are not exported). */
+            turns: components["schemas"]["Turn"][];
         };
         /** @description One invalid input. */
         FieldError: {
@@ -457,6 +535,73 @@ export interface components {
          * @example start-7f3e9c1a
          */
         IdempotencyKey: string;
+        ImportMessage: {
+            /** @description `user` or `assistant`; other roles (`system`, `tool`) are refused. */
+            role: components["schemas"]["TranscriptRole"];
+            /**
+             * @description Not empty; at most `TURNSTORE_MAX_QUERY_BYTES` (a question) or
+             *     `TURNSTORE_MAX_ANSWER_BYTES` (an answer) bytes of UTF-8 (413).
+             */
+            content: string;
+        };
+        /**
+         * @description A transcript to append to the session.
+         * @example {
+         *       "user_id": "alice",
+         *       "messages": [
+         *         {
+         *           "role": "user",
+         *           "content": "What is a vector index?"
+         *         },
+         *         {
+         *           "role": "assistant",
+         *           "content": "An index that finds the stored vectors nearest to a query vector."
+         *         },
+         *         {
+         *           "role": "user",
+         *           "content": "Which one should I use?"
+         *         },
+         *         {
+         *           "role": "assistant",
+         *           "content": "HNSW, for high recall at low latency."
+         *         }
+         *       ]
+         *     }
+         */
+        ImportRequest: {
+            /**
+             * @description The session's owner, as in a start: the first claims it, another is
+             *     a 403. `""` counts as absent.
+             */
+            user_id?: string | null;
+            /**
+             * @description Oldest first: each user message followed by its assistant message
+             *     becomes one turn. At most `TURNSTORE_MAX_TURNS` pairs.
+             */
+            messages: components["schemas"]["ImportMessage"][];
+        };
+        /**
+         * @example {
+         *       "session_id": "chat-42",
+         *       "user_id": "alice",
+         *       "imported_turns": 2,
+         *       "first_seq": 1,
+         *       "last_seq": 2
+         *     }
+         */
+        ImportResponse: {
+            session_id: components["schemas"]["SessionId"];
+            user_id: components["schemas"]["UserId"] | null;
+            /** Format: int64 */
+            imported_turns: number;
+            /**
+             * Format: int64
+             * @description The seqs the turns got, `first_seq` to `last_seq`.
+             */
+            first_seq: number;
+            /** Format: int64 */
+            last_seq: number;
+        };
         /**
          * @description The language of a rendering: `en` for the English copies.
          * @enum {string}
@@ -703,6 +848,12 @@ export interface components {
             updated_at: string;
         };
         /**
+         * @description The roles a transcript's messages may have. (Read as any string, so
+         *     that every wrong one is named by its index.)
+         * @enum {string}
+         */
+        TranscriptRole: "user" | "assistant";
+        /**
          * @description A finalized turn.
          * @example {
          *       "turn_id": "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a",
@@ -947,6 +1098,15 @@ export interface components {
         };
         /** @description `validation_failed`: a field is invalid; `errors` names each one. */
         ValidationFailed: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `validation_failed`: a field is invalid; `errors` names each one. `idempotency_key_reused`: this Idempotency-Key was used with a different request body. */
+        ValidationFailedOrIdempotencyKeyReused: {
             headers: {
                 [name: string]: unknown;
             };
@@ -1311,6 +1471,78 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            422: components["responses"]["ValidationFailed"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    import: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes a retried import return what the first made (200, `Idempotent-Replayed: true`); the same key with another body is a 422 `idempotency_key_reused`. The key lives as long as the session. */
+                "Idempotency-Key"?: components["schemas"]["IdempotencyKey"];
+            };
+            path: {
+                session_id: components["schemas"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ImportRequest"];
+            };
+        };
+        responses: {
+            /** @description Replay of an earlier import with the same Idempotency-Key and body */
+            200: {
+                headers: {
+                    /** @description `true` */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ImportResponse"];
+                };
+            };
+            /** @description Imported */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ImportResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["SessionOwnerMismatch"];
+            413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["ValidationFailedOrIdempotencyKeyReused"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    export: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                user_id: components["schemas"]["UserId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The user's sessions, one per line */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/x-ndjson": components["schemas"]["ExportedSession"];
+                };
             };
             401: components["responses"]["Unauthorized"];
             422: components["responses"]["ValidationFailed"];

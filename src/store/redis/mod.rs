@@ -5,12 +5,14 @@
 //! nowhere else.
 //!
 //! - `conn.rs`: connections, standalone or cluster, and the store timeout.
-//! - `turns.rs`: start, finalize, delete; `reads.rs`: history pages and
+//! - `turns.rs`: start, finalize, delete; `imports.rs`: transcripts
+//!   appended at once; `reads.rs`: history pages and
 //!   session info; `summaries.rs`: a session's summary, and what reads
 //!   leave unsummarized; `users.rs`: the user index, listings and erasure.
 //! - `layout.rs`: the layout version, and migrations between versions.
 
 mod conn;
+mod imports;
 mod keys;
 mod layout;
 mod reads;
@@ -33,12 +35,12 @@ use self::conn::Connections;
 use self::keys::Keys;
 use self::scripts::Scripts;
 use super::{
-    Erased, Finalized, Limits, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started, Store,
-    StoreError, StoredHistory, StoredSummary, SummaryWrite,
+    Erased, Finalized, Import, Imported, Limits, PoolStatus, SessionInfo, SessionsPage, StartTurn,
+    Started, Store, StoreError, StoredHistory, StoredSummary, SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
-use crate::turn::{Finalization, Millis};
+use crate::turn::{Finalization, Millis, TurnView};
 
 pub struct RedisStore {
     conn: Connections,
@@ -161,6 +163,21 @@ impl Store for RedisStore {
 
     async fn erase_user(&self, user: &UserId, budget: Duration) -> Result<Erased, StoreError> {
         self.erase(user, budget).await
+    }
+
+    async fn turns_page(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        max_turns: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<TurnView>, StoreError> {
+        self.read_turns_page(session, after_seq, max_turns, max_bytes)
+            .await
+    }
+
+    async fn import(&self, req: Import<'_>) -> Result<Imported, StoreError> {
+        self.import_turns(req).await
     }
 
     async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {

@@ -14,7 +14,7 @@ use crate::history::{
 };
 use crate::store::counting::{self, offer_all};
 use crate::store::{SessionInfo, StoreError, StoredHistory, StoredSummary, Unsummarized};
-use crate::turn::Millis;
+use crate::turn::{Millis, TurnView};
 
 /// Numbers as a script unpacks them (`struct.unpack('>d…')`): one argument
 /// for many, and no `tonumber` in Lua (each costs more than the walk's own
@@ -330,6 +330,32 @@ impl RedisStore {
             rendered: s.rendered,
             unsummarized: s.unsummarized,
         })
+    }
+
+    pub(super) async fn read_turns_page(
+        &self,
+        session: &SessionId,
+        after_seq: u64,
+        max_turns: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<TurnView>, StoreError> {
+        let mut numbers = Vec::with_capacity(3 * 8);
+        pack(
+            &mut numbers,
+            &[after_seq as f64, max_turns as f64, max_bytes as f64],
+        );
+        let v: Value = self
+            .run_session(&self.scripts.turns_page, session.as_str(), args![numbers])
+            .await?;
+        let mut r = Reply::array(v)?;
+        let mut out = Vec::new();
+        while let Ok(id) = r.next() {
+            let id = record::turn_id(&Reply::bytes_of(id)?)?;
+            let rec = r.bytes()?;
+            let en = Reply::opt_bytes_of(r.next()?)?;
+            out.push(record::view(id, &rec, en.as_deref())?);
+        }
+        Ok(out)
     }
 
     pub(super) async fn read_session_info(

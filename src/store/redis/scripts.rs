@@ -57,6 +57,8 @@ pub(super) struct Scripts {
     pub summary_get: Script,
     pub summary_delete: Script,
     pub unsummarized: Script,
+    pub import: Script,
+    pub turns_page: Script,
 }
 
 impl Scripts {
@@ -76,6 +78,8 @@ impl Scripts {
             summary_get: session_script!("lua/summary_get.lua"),
             summary_delete: session_script!("lua/summary_delete.lua"),
             unsummarized: session_script!("lua/unsummarized.lua"),
+            import: session_script!("lua/import.lua"),
+            turns_page: session_script!("lua/turns_page.lua"),
         }
     }
 }

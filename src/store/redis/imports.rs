@@ -1,0 +1,104 @@
+//! Imports: finalized turns appended from a transcript, in one script call
+//! (`lua/import.lua`), with the owner's index entry written first when the
+//! import claims the session or outlives its entry (see `users.rs`).
+
+use redis::Value;
+
+use super::RedisStore;
+use super::reads::pack;
+use super::record::id_bytes;
+use super::reply::{Reply, corrupt};
+use super::scripts::args;
+use crate::store::{Import, Imported, StoreError, ms};
+use crate::tokens::TurnCosts;
+use crate::turn::Millis;
+
+/// Imports that may ask for a fresh index entry before giving up.
+const INDEX_ATTEMPTS: usize = 4;
+
+/// A turn's member without its seq: its id and costs (`COSTS` in
+/// `lua/common.lua`).
+fn member(id: &crate::domain::TurnId, c: &TurnCosts) -> Vec<u8> {
+    let mut m = id_bytes(id);
+    m.push(c.query.encoding.code());
+    m.push(c.answer.encoding.code());
+    for n in [
+        c.query.query,
+        c.query.user_line,
+        c.answer.answer,
+        c.answer.assistant_sep,
+        c.answer.assistant_last,
+        c.query_bytes,
+        c.answer_bytes,
+    ] {
+        m.extend_from_slice(&n.to_be_bytes());
+    }
+    m
+}
+
+impl RedisStore {
+    pub(super) async fn import_turns(&self, req: Import<'_>) -> Result<Imported, StoreError> {
+        let session = req.session_id;
+        let (key, hash) = req
+            .idempotency
+            .map(|(k, h)| (k.as_str(), h))
+            .unwrap_or(("", ""));
+        let mut turns = Vec::with_capacity(req.turns.len() * 3);
+        for t in req.turns {
+            turns.push(member(&t.turn_id, &t.costs()));
+            turns.push(t.user_query.as_bytes().to_vec());
+            turns.push(t.final_answer.as_bytes().to_vec());
+        }
+        let mut indexed: Option<(String, Millis)> = None;
+        for _ in 0..INDEX_ATTEMPTS {
+            let (index_user, index_time) =
+                indexed.as_ref().map_or(("", 0), |(u, t)| (u.as_str(), *t));
+            let mut numbers = Vec::with_capacity(5 * 8);
+            pack(
+                &mut numbers,
+                &[
+                    req.now as f64,
+                    ms(self.limits.session_ttl) as f64,
+                    f64::from(self.limits.max_turns),
+                    ms(self.limits.index_needed()) as f64,
+                    index_time as f64,
+                ],
+            );
+            let mut a = args![
+                numbers,
+                req.user_id.map(|u| u.as_str()).unwrap_or(""),
+                key,
+                hash,
+                index_user,
+            ];
+            a.extend(turns.iter().cloned());
+            let v: Value = self
+                .run_session(&self.scripts.import, session.as_str(), a)
+                .await?;
+            let mut r = Reply::array(v)?;
+            let status = r.string()?;
+            match status.as_str() {
+                "ok" | "replay" => {
+                    return Ok(Imported {
+                        user_id: r.owner()?,
+                        first_seq: r.uint()?,
+                        last_seq: r.uint()?,
+                        replayed: status == "replay",
+                    });
+                }
+                "owner_mismatch" => return Err(StoreError::OwnerMismatch),
+                "idem_reused" => return Err(StoreError::IdempotencyKeyReused),
+                "need_index" => {
+                    let user = r.string()?;
+                    let min = r.int()?;
+                    let time = self.index(&user, session, req.now, min).await?;
+                    indexed = Some((user, time));
+                }
+                other => return Err(corrupt(format!("import status {other:?}"))),
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the user index kept changing under this import".into(),
+        ))
+    }
+}

@@ -1,0 +1,101 @@
+-- Appends finalized turns from a transcript, all at once. ARGV: 1 numbers
+-- packed '>ddddd': now, session ttl ms, max_turns, index needed ms (the
+-- owner's entry must reach past now + this), time of the index entry the
+-- caller wrote (0: none); 2 user_id or '', 3 idempotency key or '', 4
+-- request hash, 5 user the caller wrote an index entry for, or ''; then
+-- three arguments a turn: its member without the seq (turn id .. COSTS),
+-- its question, its answer.
+-- Returns {'ok'|'replay', owner, first seq, last seq} | {'owner_mismatch'}
+--   | {'idem_reused'} | {'need_index', user, min time}
+-- An import's key names the seqs it made ('import:<first> <last> <hash>')
+-- and lives as long as the session.
+local now, ttl, max_turns, needed, written = struct.unpack('>ddddd', ARGV[1])
+local user, key, hash, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n')
+local owner = meta[1]
+if owner == '' then owner = false end
+if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
+if key ~= '' and meta[5] then
+  local first, last, stored = string.match(meta[5], '^import:(%d+) (%d+) (%S+)$')
+  if stored ~= hash then return {'idem_reused'} end
+  return {'replay', owner or '', tonumber(first), tonumber(last)}
+end
+
+local claim = (not owner) and user ~= ''
+local indexed = owner or (claim and user)
+if indexed then
+  if indexed_for == indexed then
+    local fenced = tonumber(redis.call('ZSCORE', KEYS[4], indexed) or '0')
+    if fenced >= written then return {'need_index', indexed, fenced} end
+  elseif claim or tonumber(meta[2] or '0') < now + needed then
+    return {'need_index', indexed, 0}
+  end
+end
+
+local first = tonumber(meta[4] or '0') + 1
+local seq = first - 1
+local records, members, added = {}, {}, {}
+local at = string.format('%d', now)
+for i = 6, #ARGV, 3 do
+  seq = seq + 1
+  local member, query, answer = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local id = string.sub(member, 1, ID)
+  local head, tail = split(seq .. ' ' .. at .. ' ' .. at .. ' - ' .. #query, query, answer)
+  records[#records + 1] = id
+  records[#records + 1] = head
+  if tail then
+    records[#records + 1] = id .. 't'
+    records[#records + 1] = tail
+  end
+  members[#members + 1] = seq
+  members[#members + 1] = member
+  added[#added + 1] = member
+  added[#added + 1] = seq
+end
+-- unpack() takes a few thousand values at most: in batches.
+local function batched(cmd, key, list)
+  for i = 1, #list, 1000 do
+    redis.call(cmd, key, unpack(list, i, math.min(i + 999, #list)))
+  end
+end
+batched('HSET', KEYS[2], records)
+batched('ZADD', KEYS[3], members)
+
+local fields = {'next_seq', seq, 'last_active_at', now}
+local function set(f, v)
+  fields[#fields + 1] = f
+  fields[#fields + 1] = v
+end
+if first == 1 then set('created_at', now) end
+if claim then
+  owner = user
+  set('user_id', user)
+end
+if indexed and indexed_for == indexed then set('ix', written) end
+if key ~= '' then
+  set('k:' .. key, 'import:' .. first .. ' ' .. seq .. ' ' .. hash)
+  if not meta[3] then set('keyed', '1') end
+end
+local count = tonumber(meta[6] or '0') + (seq - first + 1)
+set('n', count)
+redis.call('HSET', KEYS[1], unpack(fields))
+tally(added, 1, count)
+-- The oldest go first; no more than this import brought.
+local excess = count - max_turns
+if excess > 0 then
+  local old = redis.call('ZPOPMIN', KEYS[3], excess)
+  local ids = {}
+  for i = 1, #old, 2 do
+    ids[#ids + 1] = string.sub(old[i], 1, ID)
+    if #ids == 1000 or i + 2 > #old then
+      forget(ids, meta[3] or key ~= '')
+      count = count - #ids
+      ids = {}
+    end
+  end
+  tally(old, -1, count)
+  redis.call('HSET', KEYS[1], 'n', count)
+end
+touch(ttl)
+return {'ok', owner or '', first, seq}
