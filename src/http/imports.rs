@@ -95,7 +95,7 @@ pub struct ImportResponse {
 struct Valid {
     session: SessionId,
     user: Option<UserId>,
-    pairs: Vec<(UserQuery, FinalAnswer)>,
+    pairs: Pairs,
     idempotency: Option<(IdempotencyKey, String)>,
 }
 
@@ -135,13 +135,16 @@ impl Valid {
     }
 }
 
+/// A transcript's turns: a question and its answer each.
+type Pairs = Vec<(UserQuery, FinalAnswer)>;
+
 /// The turns of a transcript: user then assistant, again and again. Every
 /// wrong message is named by its index (`messages[3].role`); a text too
 /// large is a 413 at once.
 fn pairs(
     messages: &[ImportMessage],
     settings: &Settings,
-) -> Result<Result<Vec<(UserQuery, FinalAnswer)>, Vec<FieldError>>, ApiError> {
+) -> Result<super::valid::Valid<Pairs>, ApiError> {
     let mut errors = Vec::new();
     let mut fail = |field: String, message: &str| {
         errors.push(FieldError {
