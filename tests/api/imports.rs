@@ -87,7 +87,7 @@ async fn a_transcript_becomes_finalized_turns(backend: Backend) {
     assert_eq!(h["token_count"], count("o200k_base", expected));
     assert_eq!(h["user_id"], "ivy");
     let listed = app.all_user_sessions("ivy", 10).await;
-    assert_eq!(listed, [s.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&s));
     // The next start continues the seqs.
     let t = app
         .started(json!({"session_id": s, "user_query": "q4"}))
