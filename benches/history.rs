@@ -75,15 +75,7 @@ fn options(limit: usize, max_tokens: u32, format: Format, encoding: Encoding) ->
         max_tokens,
         max_bytes: 4 * 1024 * 1024,
         format,
-        encoding,
-        max_query_chars: None,
-        max_answer_chars: None,
-        keep_first: false,
-        after_seq: 0,
-        through_seq: u64::MAX,
-        english: false,
-        summary: false,
-        template: None,
+        ..Options::everything(encoding)
     }
 }
 

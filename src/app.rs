@@ -14,6 +14,8 @@ use crate::metrics::Metrics;
 use crate::server::{self, ConnLimits};
 use crate::store::redis::LayoutError;
 use crate::store::{Limits, MemoryStore, Metered, RedisStore, Store};
+use crate::summarizer::llm::{LlmClient, LlmConfig};
+use crate::summarizer::{Plan, Summarizer};
 
 pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -68,13 +70,10 @@ impl Application {
             idle_timeout: settings.idle_timeout,
             max_connections,
         };
-        let router = router(AppState::new(
-            store,
-            settings,
-            &api_keys,
-            metrics.clone(),
-            templates,
-        ));
+        let summarizer = summarizer(&settings, &store, &metrics)?;
+        let mut state = AppState::new(store, settings, &api_keys, metrics.clone(), templates);
+        state.summarizer = summarizer;
+        let router = router(state);
         Ok(Application {
             listener,
             router,
@@ -121,6 +120,56 @@ impl Application {
             }
         }
     }
+}
+
+/// The server-side summarizer the settings configure, if any.
+fn summarizer(
+    settings: &Settings,
+    store: &Arc<Metered>,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<Summarizer>>, BuildError> {
+    let Some(url) = &settings.summarizer_url else {
+        return Ok(None);
+    };
+    let model = settings
+        .summarizer_model
+        .clone()
+        .ok_or("TURNSTORE_SUMMARIZER_URL needs TURNSTORE_SUMMARIZER_MODEL")?;
+    let mut config = LlmConfig::new(url.clone(), model);
+    config.api_key = settings.summarizer_api_key.clone();
+    config.timeout = settings.summarizer_timeout;
+    config.max_retries = settings.summarizer_max_retries;
+    config.max_summary_bytes = settings.max_summary_bytes as usize;
+    if let Some(path) = &settings.summarizer_prompt_file {
+        config.prompt = std::fs::read_to_string(path).map_err(|e| {
+            format!(
+                "cannot read TURNSTORE_SUMMARIZER_PROMPT_FILE {}: {e}",
+                path.display()
+            )
+        })?;
+    }
+    let llm = LlmClient::new(config)
+        .map_err(|e| format!("TURNSTORE_SUMMARIZER_URL and its settings: {e}"))?;
+    let history = crate::history::Options {
+        limit: settings.history_limit as usize,
+        max_tokens: settings.history_max_tokens,
+        max_bytes: settings.max_history_bytes,
+        summary: true,
+        ..crate::history::Options::everything(settings.encoding)
+    };
+    let plan = Plan {
+        history,
+        after_tokens: settings.summarize_after_tokens,
+        concurrency: settings.summarizer_concurrency as usize,
+        encoding: settings.encoding,
+    };
+    let store: Arc<dyn Store> = store.clone();
+    Ok(Some(Arc::new(Summarizer::new(
+        llm,
+        store,
+        metrics.clone(),
+        plan,
+    ))))
 }
 
 /// The store the settings name. A Redis store is first checked for its data

@@ -161,6 +161,44 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
 
+    /// An OpenAI-compatible `/v1/chat/completions` endpoint: with it, the
+    /// server folds old turns into each session's summary itself, in the
+    /// background after a finalize (or an import); unset means no
+    /// server-side summarizer.
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_URL")]
+    pub summarizer_url: Option<String>,
+
+    /// The model the summarizer asks (needed with `TURNSTORE_SUMMARIZER_URL`).
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_MODEL")]
+    pub summarizer_model: Option<String>,
+
+    /// Bearer key of the summarizer's endpoint; never logged.
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_API_KEY", hide_env_values = true)]
+    pub summarizer_api_key: Option<String>,
+
+    /// A file holding the summarizer's system prompt (a built-in one when unset).
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_PROMPT_FILE")]
+    pub summarizer_prompt_file: Option<PathBuf>,
+
+    /// Summarize when the turns a default history leaves unsummarized hold
+    /// at least this many tokens.
+    #[arg(long, env = "TURNSTORE_SUMMARIZE_AFTER_TOKENS", default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub summarize_after_tokens: u32,
+
+    /// Bound on one call of the summarizer's endpoint (it is retried on
+    /// timeouts, 429 and 5xx).
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub summarizer_timeout: Duration,
+
+    /// Retries of a failed call of the summarizer's endpoint.
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_MAX_RETRIES", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=10))]
+    pub summarizer_max_retries: u32,
+
+    /// Summarizations at once in this instance; more wait for a later
+    /// finalize.
+    #[arg(long, env = "TURNSTORE_SUMMARIZER_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub summarizer_concurrency: u32,
+
     /// Comma-separated origins browsers may call the API from
     /// (`https://app.example.com`), compared exactly; unset means no CORS
     /// headers at all.

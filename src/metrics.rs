@@ -37,6 +37,19 @@ pub struct ClosedLabels {
     pub reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `written`, `conflict` (another writer came first), `locked` (another
+    /// instance was at it), `failed`.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// Why: `timeout`, `connection`, `http_status`, `garbage`, `store`, …
+    pub kind: &'static str,
+}
+
 type HistogramFamily = Family<HttpLabels, Histogram, fn() -> Histogram>;
 type StoreHistogramFamily = Family<StoreLabels, Histogram, fn() -> Histogram>;
 
@@ -59,6 +72,11 @@ pub struct Metrics {
     timeouts: Counter,
     connections_open: Gauge,
     connections_closed: Family<ClosedLabels, Counter>,
+    summarizer_runs: Family<OutcomeLabels, Counter>,
+    summarizer_failures: Family<KindLabels, Counter>,
+    summarizer_duration: Histogram,
+    summarizer_turns: Counter,
+    summarizer_tokens: Counter,
 }
 
 fn latency_histogram() -> Histogram {
@@ -161,6 +179,36 @@ impl Metrics {
             "Client connections the server closed: header_timeout, idle_timeout, evicted or refused (the connection cap)",
             connections_closed.clone(),
         );
+        let summarizer_runs = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "summarizer_runs",
+            "Server-side summarizations begun after a finalize or an import, by outcome",
+            summarizer_runs.clone(),
+        );
+        let summarizer_failures = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "summarizer_failures",
+            "Summarizations that failed, by why",
+            summarizer_failures.clone(),
+        );
+        let summarizer_duration = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        registry.register(
+            "summarizer_duration_seconds",
+            "How long a summarization took, its model call included",
+            summarizer_duration.clone(),
+        );
+        let summarizer_turns = Counter::default();
+        registry.register(
+            "summarizer_turns_folded",
+            "Turns folded into summaries",
+            summarizer_turns.clone(),
+        );
+        let summarizer_tokens = Counter::default();
+        registry.register(
+            "summarizer_tokens_folded",
+            "Tokens of the turns folded into summaries (their text blocks, in the server's encoding)",
+            summarizer_tokens.clone(),
+        );
         registry.register(
             "build",
             "Build information",
@@ -184,7 +232,30 @@ impl Metrics {
             timeouts,
             connections_open,
             connections_closed,
+            summarizer_runs,
+            summarizer_failures,
+            summarizer_duration,
+            summarizer_turns,
+            summarizer_tokens,
         }
+    }
+
+    /// A summarization ended so, after `seconds` (failures: why).
+    pub fn summarized(&self, outcome: &'static str, failure: Option<&'static str>, seconds: f64) {
+        self.summarizer_runs
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+        if let Some(kind) = failure {
+            self.summarizer_failures
+                .get_or_create(&KindLabels { kind })
+                .inc();
+        }
+        self.summarizer_duration.observe(seconds);
+    }
+
+    pub fn folded(&self, turns: u64, tokens: u64) {
+        self.summarizer_turns.inc_by(turns);
+        self.summarizer_tokens.inc_by(tokens);
     }
 
     pub fn connection_opened(&self) {

@@ -3,106 +3,27 @@
 //! it sends, what it retries and how long it waits, what it refuses, and that
 //! no error or config shows the key or the conversation.
 
-use std::io::{BufRead, BufReader, Read};
+#[path = "fixtures/fake_llm.rs"]
+mod fake_llm;
+
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use fake_llm::FakeLlm;
 
 use serde_json::{Value, json};
 use turnstore::summarizer::llm::{
     DEFAULT_PROMPT, Garbage, LlmClient, LlmConfig, LlmError, Summary,
 };
 
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake_llm.py");
-
-/// A `fake_llm.py` of the test's own; killed and reaped on drop, its stderr
-/// (request log, tracebacks) kept for failure messages.
-struct FakeLlm {
-    child: Child,
-    port: u16,
-    stderr: Arc<Mutex<String>>,
-    reader: Option<JoinHandle<()>>,
+/// What these tests ask of their fake.
+trait Calls {
+    fn client(&self, query: &str, change: impl FnOnce(&mut LlmConfig)) -> LlmClient;
+    async fn summarize(&self, client: &LlmClient, previous: Option<&str>) -> Summary;
+    async fn fail(&self, client: &LlmClient) -> LlmError;
 }
 
-impl FakeLlm {
-    fn start() -> Self {
-        let mut child = Command::new("python3")
-            .arg(SCRIPT)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("python3 runs");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().unwrap();
-        let log = stderr.clone();
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = pipe.read(&mut buf) {
-                log.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let mut fake = FakeLlm {
-            child,
-            port: 0,
-            stderr,
-            reader: Some(reader),
-        };
-        match line.trim().parse() {
-            Ok(port) => fake.port = port,
-            Err(_) => {
-                // It exited: wait for all of its stderr before showing it.
-                let _ = fake.child.wait();
-                if let Some(reader) = fake.reader.take() {
-                    let _ = reader.join();
-                }
-                panic!("fake_llm.py printed {line:?}, not a port\n{}", fake.log());
-            }
-        }
-        fake
-    }
-
-    /// The endpoint URL, answering as `query` says (see the script's doc).
-    fn url(&self, query: &str) -> String {
-        format!("http://127.0.0.1:{}/v1/chat/completions?{query}", self.port)
-    }
-
-    fn log(&self) -> String {
-        format!(
-            "--- fake_llm.py stderr ---\n{}",
-            self.stderr.lock().unwrap()
-        )
-    }
-
-    async fn stats(&self) -> Value {
-        reqwest::get(format!("http://127.0.0.1:{}/stats", self.port))
-            .await
-            .and_then(|r| r.error_for_status())
-            .unwrap_or_else(|e| panic!("GET /stats: {e}\n{}", self.log()))
-            .json()
-            .await
-            .unwrap()
-    }
-
-    /// Sets what requests without a query get.
-    async fn set_mode(&self, params: Value) {
-        reqwest::Client::new()
-            .post(format!("http://127.0.0.1:{}/mode", self.port))
-            .json(&params)
-            .send()
-            .await
-            .and_then(|r| r.error_for_status())
-            .unwrap_or_else(|e| panic!("POST /mode: {e}\n{}", self.log()));
-    }
-
+impl Calls for FakeLlm {
     /// A client of this fake's `query` endpoint: quick timeouts and backoff
     /// so retry tests stay short.
     fn client(&self, query: &str, change: impl FnOnce(&mut LlmConfig)) -> LlmClient {
@@ -126,13 +47,6 @@ impl FakeLlm {
             Ok(summary) => panic!("summarize succeeded: {summary:?}\n{}", self.log()),
             Err(e) => e,
         }
-    }
-}
-
-impl Drop for FakeLlm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -129,17 +129,8 @@ mod tests {
         Options {
             limit: 20,
             max_tokens,
-            max_bytes: u64::MAX,
             format,
-            encoding: Encoding::O200kBase,
-            max_query_chars: None,
-            max_answer_chars: None,
-            keep_first: false,
-            after_seq: 0,
-            through_seq: u64::MAX,
-            english: false,
-            summary: false,
-            template: None,
+            ..Options::everything(Encoding::O200kBase)
         }
     }
 

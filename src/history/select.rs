@@ -80,6 +80,28 @@ pub struct Options {
     pub template: Option<Template>,
 }
 
+impl Options {
+    /// Every finalized turn, whole, as `text` in `encoding`: no bound, no
+    /// summary, no template. Reads name what they change from it.
+    pub fn everything(encoding: Encoding) -> Self {
+        Options {
+            limit: usize::MAX,
+            max_tokens: u32::MAX,
+            max_bytes: u64::MAX,
+            format: Format::Text,
+            encoding,
+            max_query_chars: None,
+            max_answer_chars: None,
+            keep_first: false,
+            after_seq: 0,
+            through_seq: u64::MAX,
+            english: false,
+            summary: false,
+            template: None,
+        }
+    }
+}
+
 /// A text as a read sees it: whole, or only its beginning when the read
 /// truncates it and the text is longer than the truncation keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -311,6 +311,9 @@ pub async fn import(
             now: now_millis(),
         })
         .await?;
+    if let (Some(s), false) = (&app.summarizer, imported.replayed) {
+        s.wrote(v.session.clone());
+    }
     let body = ImportResponse {
         session_id: v.session.into_string(),
         user_id: imported.user_id,

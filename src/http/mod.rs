@@ -41,6 +41,7 @@ use crate::config::Settings;
 use crate::history::template::Templates;
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::Store;
+use crate::summarizer::Summarizer;
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -54,6 +55,8 @@ pub struct AppState {
     in_flight: Arc<Semaphore>,
     /// The built-in templates and the operator's, loaded at start.
     pub templates: Arc<Templates>,
+    /// The server-side summarizer, when configured.
+    pub summarizer: Option<Arc<Summarizer>>,
 }
 
 impl AppState {
@@ -72,6 +75,7 @@ impl AppState {
             metrics,
             api_key_digests: Arc::new(api_key_digests),
             templates: Arc::new(templates),
+            summarizer: None,
         }
     }
 }

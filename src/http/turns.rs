@@ -420,6 +420,9 @@ pub async fn finalize_turn(
     let done = match app.store.finalize_turn(&session, turn, &end).await? {
         Finalized::Now(t) => {
             app.metrics.turn_finalized();
+            if let Some(s) = &app.summarizer {
+                s.wrote(session.clone());
+            }
             t
         }
         Finalized::Already(t) if same(&t) => t,

@@ -29,6 +29,8 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     sessions: HashMap<SessionId, Session>,
+    /// Summarizer locks: holder's token and until when.
+    locks: HashMap<SessionId, (String, Instant)>,
     /// Each user's index: what Redis keeps in its user keys.
     users: HashMap<UserId, UserIndex>,
 }
@@ -865,6 +867,32 @@ impl Store for MemoryStore {
             last_seq: last,
             replayed: false,
         })
+    }
+
+    async fn lock_summarizing(
+        &self,
+        session: &SessionId,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.locks.retain(|_, (_, until)| *until > now);
+        if state.locks.contains_key(session) {
+            return Ok(false);
+        }
+        state
+            .locks
+            .insert(session.clone(), (token.to_owned(), now + ttl));
+        Ok(true)
+    }
+
+    async fn unlock_summarizing(&self, session: &SessionId, token: &str) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if state.locks.get(session).is_some_and(|(t, _)| t == token) {
+            state.locks.remove(session);
+        }
+        Ok(())
     }
 
     async fn put_summary(&self, w: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {

@@ -130,6 +130,27 @@ impl Store for Metered {
         self.time("import", self.inner.import(req)).await
     }
 
+    async fn lock_summarizing(
+        &self,
+        session: &SessionId,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.time(
+            "lock_summarizing",
+            self.inner.lock_summarizing(session, token, ttl),
+        )
+        .await
+    }
+
+    async fn unlock_summarizing(&self, session: &SessionId, token: &str) -> Result<(), StoreError> {
+        self.time(
+            "unlock_summarizing",
+            self.inner.unlock_summarizing(session, token),
+        )
+        .await
+    }
+
     async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {
         self.time("put_summary", self.inner.put_summary(write))
             .await

@@ -419,6 +419,19 @@ pub trait Store: Send + Sync + 'static {
     /// `max_turns`, slides the TTL: all or nothing.
     async fn import(&self, req: Import<'_>) -> Result<Imported, StoreError>;
 
+    /// Takes the session's summarizer lock for `ttl`, if nobody holds it
+    /// (`token` names the holder): one summarization a session at a time,
+    /// across instances.
+    async fn lock_summarizing(
+        &self,
+        session: &SessionId,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError>;
+
+    /// Releases the lock, if `token` still holds it.
+    async fn unlock_summarizing(&self, session: &SessionId, token: &str) -> Result<(), StoreError>;
+
     /// Writes the session's summary (see `SummaryWrite`), slides the TTL.
     async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError>;
 

@@ -8,9 +8,14 @@
 //! - `chat`: what goes over the wire, request and answer (pure).
 //! - `retry`: when to try again and how long to wait first (pure).
 //! - `error`: why a summarization failed, safe to log and to count.
+//! - `worker`: when to summarize a session, one instance at a time, off the
+//!   request's path.
 
 mod chat;
 mod config;
 mod error;
 pub mod llm;
 mod retry;
+pub mod worker;
+
+pub use worker::{Plan, Summarizer};

@@ -7,11 +7,6 @@ use serde_json::json;
 
 use crate::support::{Backend, TestApp, problem, sid};
 
-async fn metrics(app: &TestApp) -> String {
-    let res = app.http.get(app.url("/metrics")).send().await.unwrap();
-    res.text().await.unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bearer_scheme_is_case_insensitive() {
     let app = TestApp::spawn_with(Backend::Memory, |s| s.api_keys = vec!["k1".into()]).await;
@@ -95,12 +90,12 @@ async fn made_up_methods_and_paths_share_one_label_each() {
         }
     };
     made_up(0).await;
-    metrics(&app).await;
-    let before = metrics(&app).await.len();
+    app.metrics().await;
+    let before = app.metrics().await.len();
     for i in 1..200 {
         made_up(i).await;
     }
-    let text = metrics(&app).await;
+    let text = app.metrics().await;
     assert!(!text.contains("MADEUP"), "a made-up method became a label");
     assert!(!text.contains("/x1"), "a raw path became a label");
     assert!(text.contains(r#"method="other""#), "{text}");

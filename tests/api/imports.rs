@@ -311,14 +311,25 @@ async fn a_users_sessions_are_exported_in_order_with_their_turns(backend: Backen
     assert!(chrono::DateTime::parse_from_rfc3339(new_line["created_at"].as_str().unwrap()).is_ok());
 
     // An export that outlives TURNSTORE_EXPORT_TIMEOUT ends cut: the client
-    // sees an error, not a short export.
-    let slow = TestApp::spawn_with(backend, |s| s.export_timeout = Duration::from_millis(1)).await;
-    for _ in 0..20 {
-        slow.import(
-            &sid(),
-            json!({"user_id": "zed", "messages": transcript(200)}),
-        )
-        .await;
+    // sees an error, not a short export. The client stalls, and the export
+    // (16 MiB) is more than the channel and the sockets' buffers hold, so
+    // it cannot end in time.
+    let slow =
+        TestApp::spawn_with(backend, |s| s.export_timeout = Duration::from_millis(200)).await;
+    let answer = "a".repeat(16 * 1024);
+    let messages: Vec<Value> = (0..48)
+        .flat_map(|_| {
+            [
+                json!({"role": "user", "content": "q"}),
+                json!({"role": "assistant", "content": answer}),
+            ]
+        })
+        .collect();
+    for _ in 0..22 {
+        let res = slow
+            .import(&sid(), json!({"user_id": "zed", "messages": messages}))
+            .await;
+        assert_eq!(res.status(), 201);
     }
     let res = slow
         .http
@@ -327,6 +338,7 @@ async fn a_users_sessions_are_exported_in_order_with_their_turns(backend: Backen
         .await
         .unwrap();
     assert_eq!(res.status(), 200);
+    tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         res.text().await.is_err(),
         "a cut export must not read as complete"

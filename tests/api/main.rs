@@ -3,6 +3,8 @@
 //! three-master Redis Cluster). Set TURNSTORE_TEST_REDIS_URL
 //! to run the Redis half against an external Redis.
 
+#[path = "../fixtures/fake_llm.rs"]
+mod fake_llm;
 #[path = "../process/harness.rs"]
 mod harness;
 mod support;
@@ -51,6 +53,7 @@ mod model;
 mod pending;
 mod reads;
 mod summaries;
+mod summarizer;
 mod templates;
 mod translations;
 mod users;
@@ -1126,15 +1129,7 @@ async fn request_ids_routes_and_methods(backend: Backend) {
     problem(wrong, 405, "method_not_allowed").await;
     let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(metrics.contains(r#"route="/v1/turns""#), "{metrics}");
 }
 

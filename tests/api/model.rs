@@ -159,6 +159,12 @@ enum Op {
     DeleteSummary {
         session: usize,
     },
+    /// The summarizer's lock, taken or released by one of two holders.
+    Lock {
+        session: usize,
+        holder: usize,
+        take: bool,
+    },
     Clear {
         session: usize,
     },
@@ -255,6 +261,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(session, after, max_turns, max_bytes)|
                 Op::TurnsPage { session, after, max_turns, max_bytes }),
         1 => s.clone().prop_map(|session| Op::DeleteSummary { session }),
+        1 => (s.clone(), 0usize..2, any::<bool>())
+            .prop_map(|(session, holder, take)| Op::Lock { session, holder, take }),
         1 => s.prop_map(|session| Op::Clear { session }),
         1 => (0..USERS, 1usize..3).prop_map(|(user, limit)| Op::List { user, limit }),
         1 => (0..USERS).prop_map(|user| Op::Erase { user }),
@@ -539,6 +547,26 @@ impl Pair {
                     shown(self.memory.delete_summary(s).await),
                     shown(self.redis.delete_summary(s).await),
                 )
+            }
+            Op::Lock {
+                session,
+                holder,
+                take,
+            } => {
+                let s = &self.sessions[*session];
+                let token = format!("holder-{holder}");
+                let hour = Duration::from_secs(3600);
+                if *take {
+                    (
+                        shown(self.memory.lock_summarizing(s, &token, hour).await),
+                        shown(self.redis.lock_summarizing(s, &token, hour).await),
+                    )
+                } else {
+                    (
+                        shown(self.memory.unlock_summarizing(s, &token).await),
+                        shown(self.redis.unlock_summarizing(s, &token).await),
+                    )
+                }
             }
             Op::Info { session } => {
                 let s = &self.sessions[*session];

@@ -57,13 +57,8 @@ impl TestApp {
             },
         };
         tweak(&mut settings);
-        let app = Application::build(settings.clone())
-            .await
-            .expect("the app builds");
-        let base = format!("http://127.0.0.1:{}", app.port());
-        tokio::spawn(app.run_until_stopped(std::future::pending::<()>()));
         TestApp {
-            base,
+            base: launch(&settings).await,
             settings,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -71,6 +66,21 @@ impl TestApp {
                 .unwrap(),
             redis,
             cluster,
+        }
+    }
+
+    /// Another instance on the same store (the same Redis and key prefix),
+    /// with its settings tweaked: as a second replica behind a load
+    /// balancer. On the memory store it has a store of its own.
+    pub async fn another(&self, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        let mut settings = self.settings.clone();
+        tweak(&mut settings);
+        TestApp {
+            base: launch(&settings).await,
+            settings,
+            http: self.http.clone(),
+            redis: None,
+            cluster: None,
         }
     }
 
@@ -129,6 +139,13 @@ impl TestApp {
             .finalize(session, t["turn_id"].as_str().unwrap(), a)
             .await;
         ok_json(res, StatusCode::OK).await["turn"].clone()
+    }
+
+    /// `GET /metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        let res = self.http.get(self.url("/metrics")).send().await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        res.text().await.unwrap()
     }
 
     pub async fn history(&self, session: &str, query: &str) -> Response {
@@ -241,6 +258,16 @@ impl TestApp {
         let cluster = self.cluster.as_ref().map(RedisCluster::log);
         single.or(cluster).unwrap_or_default()
     }
+}
+
+/// Builds the service and serves it in the background; returns its base URL.
+async fn launch(settings: &Settings) -> String {
+    let app = Application::build(settings.clone())
+        .await
+        .expect("the app builds");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped(std::future::pending::<()>()));
+    base
 }
 
 pub async fn ok_json(res: Response, status: StatusCode) -> Value {

@@ -91,11 +91,32 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// Starts one on `addr`; a port another process took meanwhile (a
+    /// free port is only free when asked; a cluster's bus port, the port
+    /// plus 10000, was never asked) is replaced by another, a few times.
     fn start(
-        addr: impl FnOnce(&std::path::Path) -> Addr,
+        addr: impl Fn(&std::path::Path) -> Addr,
         extra: &[String],
         password: Option<String>,
     ) -> Self {
+        for _ in 0..4 {
+            match Self::try_start(&addr, extra, password.clone()) {
+                Ok(redis) => return redis,
+                Err(log) => eprintln!("redis-server lost its port; again\n{log}"),
+            }
+        }
+        match Self::try_start(&addr, extra, password) {
+            Ok(redis) => redis,
+            Err(log) => panic!("redis-server would not start\n{log}"),
+        }
+    }
+
+    /// Err: it exited as its port was in use (its log).
+    fn try_start(
+        addr: &impl Fn(&std::path::Path) -> Addr,
+        extra: &[String],
+        password: Option<String>,
+    ) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
         let addr = addr(dir.path());
         let mut args: Vec<String> = vec![
@@ -138,19 +159,30 @@ impl Redis {
             password,
             args,
         };
-        redis.wait_ready();
-        redis
+        redis.wait_ready(0)?;
+        Ok(redis)
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for the `before + 1`th "ready" line of the log; Err (the log)
+    /// if the server exited as its port was in use.
+    fn wait_ready(&mut self, before: usize) -> Result<(), String> {
         let marker = "ready to accept connections";
-        let before = self.log().to_lowercase().matches(marker).count();
+        let path = self.dir.path().join("redis.log");
+        let log = || std::fs::read_to_string(&path).unwrap_or_default();
+        let child = &mut self.child;
+        let mut lost = false;
         wait_until(
             "redis-server answering",
             Duration::from_secs(10),
-            || self.log().to_lowercase().matches(marker).count() > before,
-            || self.log(),
+            || {
+                let log = log();
+                lost = log.contains("Address already in use")
+                    && child.try_wait().ok().flatten().is_some();
+                lost || log.to_lowercase().matches(marker).count() > before
+            },
+            log,
         );
+        if lost { Err(self.log()) } else { Ok(()) }
     }
 
     /// Stops the server (its data is gone: no persistence).
@@ -162,8 +194,13 @@ impl Redis {
     /// Starts it again on the same address.
     pub fn restart(&mut self) {
         self.stop();
+        let before = self
+            .log()
+            .to_lowercase()
+            .matches("ready to accept connections")
+            .count();
         self.child = spawn_redis(&self.args);
-        self.wait_ready();
+        self.wait_ready(before).unwrap();
     }
 
     pub fn unix() -> Self {

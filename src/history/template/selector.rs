@@ -326,7 +326,7 @@ mod tests {
     use super::*;
     use crate::domain::TurnId;
     use crate::history::template::Templates;
-    use crate::history::{Content, Format, TRUNCATION_MARK};
+    use crate::history::{Content, TRUNCATION_MARK};
     use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
     const GLOBALS: Globals<'static> = Globals {
@@ -366,17 +366,7 @@ mod tests {
         Options {
             limit: 20,
             max_tokens,
-            max_bytes: u64::MAX,
-            format: Format::Text,
-            encoding,
-            max_query_chars: None,
-            max_answer_chars: None,
-            keep_first: false,
-            after_seq: 0,
-            through_seq: u64::MAX,
-            english: false,
-            summary: false,
-            template: None,
+            ..Options::everything(encoding)
         }
     }
 

@@ -16,13 +16,14 @@ impl Keys {
         &self.prefix
     }
 
-    /// `P:{S}:h`, `:r`, `:s` and the fences `:f`, in the order of KEYS in
-    /// `lua/common.lua`: one hash tag, so one slot.
+    /// `P:{S}:h`, `:r`, `:s`, the fences `:f` and the summarizer's lock
+    /// `:l`, in the order of KEYS in `lua/common.lua`: one hash tag, so one
+    /// slot.
     pub fn session(&self, session: &str) -> Vec<String> {
         let base = format!("{}:{{{}}}:", self.prefix, session);
         session_suffixes(super::LAYOUT)
             .iter()
-            .chain(["f"].iter())
+            .chain(["f", "l"].iter())
             .map(|k| format!("{base}{k}"))
             .collect()
     }

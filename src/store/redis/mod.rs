@@ -180,6 +180,19 @@ impl Store for RedisStore {
         self.import_turns(req).await
     }
 
+    async fn lock_summarizing(
+        &self,
+        session: &SessionId,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        self.summarizer_lock(session, token, Some(ttl)).await
+    }
+
+    async fn unlock_summarizing(&self, session: &SessionId, token: &str) -> Result<(), StoreError> {
+        self.summarizer_lock(session, token, None).await.map(|_| ())
+    }
+
     async fn put_summary(&self, write: SummaryWrite<'_>) -> Result<StoredSummary, StoreError> {
         self.write_summary(write).await
     }

@@ -288,7 +288,7 @@ pub fn candidate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Format, Options, select};
+    use crate::history::{Options, select};
 
     #[test]
     fn pending_tails_hold_the_counts_and_the_raw_text() {
@@ -351,18 +351,7 @@ mod tests {
             assert!(c.recount);
             let o = Options {
                 limit: 10,
-                max_tokens: u32::MAX,
-                max_bytes: u64::MAX,
-                format: Format::Text,
-                encoding: enc,
-                max_query_chars: None,
-                max_answer_chars: None,
-                keep_first: false,
-                after_seq: 0,
-                through_seq: u64::MAX,
-                english: false,
-                summary: false,
-                template: None,
+                ..Options::everything(enc)
             };
             let s = select([c.clone(), Candidate { seq: 2, ..c }].into_iter(), &o);
             let text = crate::history::render_text(&s.turns);

@@ -59,6 +59,7 @@ pub(super) struct Scripts {
     pub unsummarized: Script,
     pub import: Script,
     pub turns_page: Script,
+    pub lock: Script,
 }
 
 impl Scripts {
@@ -80,6 +81,7 @@ impl Scripts {
             unsummarized: session_script!("lua/unsummarized.lua"),
             import: session_script!("lua/import.lua"),
             turns_page: session_script!("lua/turns_page.lua"),
+            lock: Script::new(include_str!("lua/lock.lua")),
         }
     }
 }
@@ -122,7 +124,7 @@ impl RedisStore {
     }
 
     /// Runs a script that takes any number of sessions (`lua/probe.lua`,
-    /// `lua/erase_sessions.lua`): their four keys each, `args`, then one
+    /// `lua/erase_sessions.lua`): their five keys each, `args`, then one
     /// argument a session. On a single Redis, up to `SESSIONS_PER_CALL`
     /// sessions a call; on a cluster one a call (the keys of one call must
     /// share a slot), concurrently. Returns the reply's element for each

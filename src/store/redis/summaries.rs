@@ -177,6 +177,23 @@ impl RedisStore {
         parse(v)
     }
 
+    /// Takes (`Some(ttl)`) or releases (`None`) the summarizer's lock.
+    pub(super) async fn summarizer_lock(
+        &self,
+        session: &SessionId,
+        token: &str,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<bool, StoreError> {
+        let a = match ttl {
+            Some(ttl) => args!["take", token, ms(ttl)],
+            None => args!["release", token],
+        };
+        let v: i64 = self
+            .run_session(&self.scripts.lock, session.as_str(), a)
+            .await?;
+        Ok(v == 1)
+    }
+
     pub(super) async fn remove_summary(&self, session: &SessionId) -> Result<(), StoreError> {
         let _: i64 = self
             .run_session(&self.scripts.summary_delete, session.as_str(), args![])

@@ -18,6 +18,8 @@
 --        deadline is past 2001), members their turn id alone
 --   4 f  fences zset: user scored by an index time (see fence; not a
 --        session key)
+--   5 l  the summarizer's lock: its holder's token, with a TTL (not a
+--        session key)
 -- Turn ids are the 16 bytes of the UUID. Records are one header line, then
 -- the texts as they are (no escaping, so a read can cut them):
 --   pending   "?<seq> <started_at> <key> <enc> <q> <u>\n<query>"

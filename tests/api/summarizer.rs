@@ -1,0 +1,454 @@
+//! The server-side summarizer (API.md v1.1, Summaries), against
+//! `tests/fixtures/fake_llm.py` started as a real process: it folds what a
+//! default history leaves out, incrementally, off the request's path, one
+//! run a session at a time across instances sharing a store, and a failing,
+//! slow or garbage-answering endpoint changes nothing a client sees.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use turnstore::domain::SessionId;
+use turnstore::store::{MemoryStore, Store};
+use turnstore::{Application, Settings};
+
+use crate::fake_llm::FakeLlm;
+use crate::harness::free_port;
+use crate::support::{Backend, TestApp, ok_json, sid};
+
+conformance!(
+    the_summarizer_folds_what_a_default_history_leaves_out,
+    a_failing_endpoint_changes_nothing_and_is_counted,
+    a_slow_endpoint_holds_no_request_up,
+    the_summarizer_lock_expires_and_only_its_holder_releases_it,
+    a_long_backlog_is_folded_over_several_runs,
+);
+
+mod shared {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis() {
+        super::instances_racing_on_one_session_call_the_model_one_at_a_time(super::Backend::Redis)
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster() {
+        super::instances_racing_on_one_session_call_the_model_one_at_a_time(super::Backend::Cluster)
+            .await
+    }
+}
+
+/// An app summarizing through `url`: default histories of `limit` turns,
+/// summarizing from `after_tokens`, no retries.
+async fn summarizing(backend: Backend, url: String, limit: u32, after_tokens: u32) -> TestApp {
+    TestApp::spawn_with(backend, |s| summarize_with(s, url, limit, after_tokens)).await
+}
+
+fn summarize_with(s: &mut Settings, url: String, limit: u32, after_tokens: u32) {
+    s.summarizer_url = Some(url);
+    s.summarizer_model = Some("fake-model".into());
+    s.summarizer_max_retries = 0;
+    s.history_limit = limit;
+    s.summarize_after_tokens = after_tokens;
+}
+
+/// Waits (up to 30 s) until `check` gives `Some`.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    for _ in 0..600 {
+        if let Some(v) = check().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+async fn summary(app: &TestApp, session: &str) -> Option<Value> {
+    let res = app
+        .http
+        .get(app.url(&format!("/v1/sessions/{session}/summary")))
+        .send()
+        .await
+        .unwrap();
+    match res.status() {
+        StatusCode::NOT_FOUND => None,
+        _ => Some(ok_json(res, StatusCode::OK).await),
+    }
+}
+
+/// The session's summary once it covers `through` turns.
+async fn summary_through(app: &TestApp, session: &str, through: u64) -> Value {
+    eventually(&format!("a summary through {through}"), || async {
+        summary(app, session)
+            .await
+            .filter(|s| s["through_seq"] == through)
+    })
+    .await
+}
+
+/// The value of the sample `name` (labels included, as exposed), 0 if absent.
+async fn metric(app: &TestApp, name: &str) -> f64 {
+    app.metrics()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Questions and answers whose text blocks count alike, turn to turn.
+fn q(i: usize) -> String {
+    format!("question number {i}")
+}
+
+fn a(i: usize) -> String {
+    format!("answer number {i}")
+}
+
+async fn complete(app: &TestApp, session: &str, turns: std::ops::RangeInclusive<usize>) {
+    for i in turns {
+        app.complete(session, &q(i), &a(i)).await;
+    }
+}
+
+/// The user message the fake was last sent.
+async fn last_user_message(fake: &FakeLlm) -> String {
+    let body = &fake.stats().await["last_body"];
+    let messages = body["messages"].as_array().unwrap();
+    messages
+        .iter()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap()
+        .to_owned()
+}
+
+async fn the_summarizer_folds_what_a_default_history_leaves_out(backend: Backend) {
+    // The threshold: exactly the tokens of the first two turns' blocks, as
+    // `unsummarized` counts them on a store without a summarizer.
+    let probe = TestApp::spawn_with(Backend::Memory, |s| s.history_limit = 1).await;
+    let p = sid();
+    complete(&probe, &p, 1..=3).await;
+    let two = probe.history_ok(&p, "limit=1").await["unsummarized"]["tokens"]
+        .as_u64()
+        .unwrap();
+    let one = probe.history_ok(&p, "limit=2").await["unsummarized"]["tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(one < two, "{one} {two}");
+
+    let fake = FakeLlm::start();
+    let prompt = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(prompt.path(), "Summarize like a pirate.").unwrap();
+    let app = TestApp::spawn_with(backend, |s| {
+        summarize_with(s, fake.url("mode=ok"), 2, two as u32);
+        s.summarizer_api_key = Some("sk-fake".into());
+        s.summarizer_prompt_file = Some(prompt.path().to_owned());
+    })
+    .await;
+    let s = sid();
+
+    // Three turns: the default history shows two, one (below the
+    // threshold) is left out; a fourth makes two left out: folded.
+    complete(&app, &s, 1..=3).await;
+    complete(&app, &s, 4..=4).await;
+    let first = summary_through(&app, &s, 2).await;
+    let text = first["summary"].as_str().unwrap();
+    assert!(
+        text.starts_with("SUMMARY(2 turns, previous=no): question number 1"),
+        "{text}\n{}",
+        fake.log()
+    );
+    let stats = fake.stats().await;
+    assert_eq!(stats["requests"], 1, "turn 3 alone was below the threshold");
+    assert_eq!(stats["last_authorization"], "Bearer sk-fake");
+    assert_eq!(stats["last_body"]["model"], "fake-model");
+    assert_eq!(
+        stats["last_body"]["messages"][0],
+        json!({"role": "system", "content": "Summarize like a pirate."})
+    );
+
+    // Prompts now begin with it, and nothing is left unsummarized.
+    let h = app.history_ok(&s, "summary=true").await;
+    let rendered = h["rendered"].as_str().unwrap();
+    assert!(
+        rendered.starts_with(&format!("### Conversation summary:\n{text}\n\n")),
+        "{h}"
+    );
+    assert_eq!(h["included_turns"], 2, "{h}");
+    assert_eq!(h["unsummarized"], Value::Null, "{h}");
+
+    // Two more: the next fold sends the previous summary and turns 3 and 4
+    // only, never the summary alone, never turns 1 and 2 again.
+    complete(&app, &s, 5..=6).await;
+    let second = summary_through(&app, &s, 4).await;
+    let text = second["summary"].as_str().unwrap();
+    assert!(text.contains("previous=yes"), "{text}");
+    let sent = last_user_message(&fake).await;
+    assert!(
+        sent.contains(&format!(
+            "<previous_summary>\n{}",
+            first["summary"].as_str().unwrap()
+        )),
+        "{sent}"
+    );
+    assert!(sent.contains(&q(3)) && sent.contains(&a(4)), "{sent}");
+    assert!(!sent.contains(&q(2)) && !sent.contains(&q(5)), "{sent}");
+    assert_eq!(fake.stats().await["requests"], 2);
+
+    assert_eq!(
+        metric(
+            &app,
+            r#"turnstore_summarizer_runs_total{outcome="written"}"#
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(
+        metric(&app, "turnstore_summarizer_turns_folded_total").await,
+        4.0
+    );
+    assert_eq!(
+        metric(&app, "turnstore_summarizer_tokens_folded_total").await,
+        (2 * two) as f64,
+        "the tokens of turns 1 to 4"
+    );
+    assert_eq!(
+        metric(&app, "turnstore_summarizer_duration_seconds_count").await,
+        2.0
+    );
+}
+
+async fn a_failing_endpoint_changes_nothing_and_is_counted(backend: Backend) {
+    let fake = FakeLlm::start();
+    // The endpoint as /mode sets it, changed between runs.
+    let url = fake.url("").trim_end_matches('?').to_owned();
+    let app = summarizing(backend, url, 1, 1).await;
+    let s = sid();
+    let failures = [
+        (json!({"mode": "fail", "status": 500}), "http_status"),
+        (
+            json!({"mode": "fail", "status": 401, "code": "invalid_api_key"}),
+            "http_status",
+        ),
+        (json!({"mode": "garbage", "kind": "text"}), "garbage"),
+        (json!({"mode": "garbage", "kind": "no_choices"}), "garbage"),
+        (json!({"mode": "garbage", "kind": "empty"}), "garbage"),
+        (json!({"mode": "garbage", "kind": "truncated"}), "garbage"),
+        (
+            json!({"mode": "garbage", "kind": "long", "bytes": 64 * 1024}),
+            "garbage",
+        ),
+    ];
+    complete(&app, &s, 1..=1).await;
+    let before = app.history_ok(&s, "").await;
+    for (i, (mode, kind)) in failures.iter().enumerate() {
+        fake.set_mode(mode.clone()).await;
+        // Each finalize answers as ever, and asks for a run: which fails.
+        let t = app
+            .started(json!({"session_id": s, "user_query": q(i + 2)}))
+            .await;
+        let res = app
+            .finalize(&s, t["turn_id"].as_str().unwrap(), &a(i + 2))
+            .await;
+        assert_eq!(res.status(), 200, "{mode}");
+        let name = format!(r#"turnstore_summarizer_failures_total{{kind="{kind}"}}"#);
+        let want = failures[..=i].iter().filter(|(_, k)| k == kind).count() as f64;
+        eventually(&format!("{mode} counted"), || async {
+            (metric(&app, &name).await == want).then_some(())
+        })
+        .await;
+        assert!(summary(&app, &s).await.is_none(), "{mode}");
+    }
+    assert_eq!(
+        metric(&app, r#"turnstore_summarizer_runs_total{outcome="failed"}"#).await,
+        failures.len() as f64
+    );
+    // The turns are all there, the first one's history unchanged by it all.
+    let after = app.history_ok(&s, "limit=1000").await;
+    assert_eq!(after["total_turns"], 1 + failures.len());
+    assert_eq!(before["turns"][0], after["turns"][0]);
+
+    // The lock was released each time: once the endpoint answers, the next
+    // finalize folds everything the default history leaves out.
+    fake.set_mode(json!({"mode": "ok"})).await;
+    let n = 2 + failures.len();
+    complete(&app, &s, n..=n).await;
+    let done = summary_through(&app, &s, (n - 1) as u64).await;
+    assert!(
+        done["summary"].as_str().unwrap().starts_with("SUMMARY("),
+        "{done}"
+    );
+
+    // An endpoint nobody listens on: a connection failure, counted.
+    let closed = format!("http://127.0.0.1:{}/v1/chat/completions", free_port());
+    let app = summarizing(backend, closed, 1, 1).await;
+    let s = sid();
+    complete(&app, &s, 1..=2).await;
+    eventually("a connection failure counted", || async {
+        (metric(
+            &app,
+            r#"turnstore_summarizer_failures_total{kind="connection"}"#,
+        )
+        .await
+            == 1.0)
+            .then_some(())
+    })
+    .await;
+    assert!(summary(&app, &s).await.is_none());
+}
+
+async fn a_slow_endpoint_holds_no_request_up(backend: Backend) {
+    let fake = FakeLlm::start();
+    let app = summarizing(backend, fake.url("mode=slow&ms=20000"), 1, 1).await;
+    let s = sid();
+    complete(&app, &s, 1..=2).await;
+    // The finalize has answered; the model call it began goes on.
+    eventually("the model is being called", || async {
+        (fake.stats().await["in_flight"] == 1).then_some(())
+    })
+    .await;
+    assert!(summary(&app, &s).await.is_none());
+
+    // Requests on that very session answer meanwhile, and ask for no second
+    // run of it.
+    complete(&app, &s, 3..=5).await;
+    assert_eq!(app.history_ok(&s, "summary=true").await["total_turns"], 5);
+    let stats = fake.stats().await;
+    assert_eq!(stats["in_flight"], 1, "{stats}");
+    assert_eq!(stats["requests"], 1, "{stats}");
+}
+
+async fn instances_racing_on_one_session_call_the_model_one_at_a_time(backend: Backend) {
+    let fake = FakeLlm::start();
+    let first = summarizing(backend, fake.url("mode=slow&ms=300"), 1, 1).await;
+    let mut apps = vec![first];
+    for _ in 0..2 {
+        apps.push(apps[0].another(|_| {}).await);
+    }
+    let s = sid();
+    let n = 12;
+    for i in 1..=n {
+        let (starter, finalizer) = (&apps[i % 3], &apps[(i + 1) % 3]);
+        let t = starter
+            .started(json!({"session_id": s, "user_query": q(i)}))
+            .await;
+        let res = finalizer
+            .finalize(&s, t["turn_id"].as_str().unwrap(), &a(i))
+            .await;
+        assert_eq!(res.status(), 200);
+    }
+    summary_through(&apps[0], &s, (n - 1) as u64).await;
+    let stats = fake.stats().await;
+    assert_eq!(stats["max_in_flight"], 1, "{stats}\n{}", fake.log());
+
+    // Every turn folded exactly once, between them.
+    let mut folded = 0.0;
+    for app in &apps {
+        folded += metric(app, "turnstore_summarizer_turns_folded_total").await;
+    }
+    assert_eq!(folded, (n - 1) as f64);
+    let text = summary(&apps[1], &s).await.unwrap()["summary"].clone();
+    assert!(text.as_str().unwrap().starts_with("SUMMARY("), "{text}");
+}
+
+/// The store under test, as the app uses it.
+fn store_of(app: &TestApp) -> Arc<dyn Store> {
+    app.redis_store().unwrap_or_else(|| {
+        let metrics = turnstore::metrics::Metrics::new();
+        Arc::new(MemoryStore::new(
+            turnstore::app::limits(&app.settings),
+            metrics.expired_pending.clone(),
+        ))
+    })
+}
+
+async fn the_summarizer_lock_expires_and_only_its_holder_releases_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let store = store_of(&app);
+    let s = SessionId::parse(sid()).unwrap();
+    let short = Duration::from_millis(300);
+    let long = Duration::from_secs(60);
+
+    assert!(store.lock_summarizing(&s, "a", short).await.unwrap());
+    assert!(!store.lock_summarizing(&s, "b", long).await.unwrap());
+    store.unlock_summarizing(&s, "b").await.unwrap();
+    assert!(
+        !store.lock_summarizing(&s, "b", long).await.unwrap(),
+        "b cannot release a's lock"
+    );
+    // An instance that died holding it delays the session's summaries, no
+    // more: the lock expires.
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert!(store.lock_summarizing(&s, "b", long).await.unwrap());
+    store.unlock_summarizing(&s, "a").await.unwrap();
+    assert!(!store.lock_summarizing(&s, "a", long).await.unwrap());
+    store.unlock_summarizing(&s, "b").await.unwrap();
+    assert!(store.lock_summarizing(&s, "a", long).await.unwrap());
+    // Another session's lock is its own.
+    let other = SessionId::parse(sid()).unwrap();
+    assert!(store.lock_summarizing(&other, "b", long).await.unwrap());
+}
+
+async fn a_long_backlog_is_folded_over_several_runs(backend: Backend) {
+    let fake = FakeLlm::start();
+    let app = summarizing(backend, fake.url("mode=ok"), 1, 1).await;
+    let s = sid();
+    // 40 turns of 16 KiB: 640 KiB to fold, more than one run takes
+    // (FOLD_BYTES, 256 KiB).
+    let big = "x".repeat(8 * 1024);
+    let messages: Vec<Value> = (1..=40)
+        .flat_map(|i| {
+            [
+                json!({"role": "user", "content": format!("q{i} {big}")}),
+                json!({"role": "assistant", "content": format!("a{i} {big}")}),
+            ]
+        })
+        .collect();
+    let res = app
+        .http
+        .post(app.url(&format!("/v1/sessions/{s}/import")))
+        .json(&json!({ "messages": messages }))
+        .send()
+        .await
+        .unwrap();
+    ok_json(res, StatusCode::CREATED).await;
+    summary_through(&app, &s, 39).await;
+    let requests = fake.stats().await["requests"].as_u64().unwrap();
+    assert_eq!(requests, 3, "16 turns a run: 16, 16 and 7");
+    assert_eq!(
+        metric(&app, "turnstore_summarizer_turns_folded_total").await,
+        39.0
+    );
+}
+
+#[tokio::test]
+async fn a_summarizer_needs_a_model_and_a_readable_prompt() {
+    let fake = FakeLlm::start();
+    let mut settings = Settings {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        summarizer_url: Some(fake.url("mode=ok")),
+        ..Settings::default()
+    };
+    let e = Application::build(settings.clone()).await.err().unwrap();
+    assert!(e.to_string().contains("TURNSTORE_SUMMARIZER_MODEL"), "{e}");
+
+    settings.summarizer_model = Some("m".into());
+    settings.summarizer_prompt_file = Some("/nonexistent/prompt.txt".into());
+    let e = Application::build(settings.clone()).await.err().unwrap();
+    assert!(
+        e.to_string()
+            .contains("TURNSTORE_SUMMARIZER_PROMPT_FILE /nonexistent/prompt.txt"),
+        "{e}"
+    );
+
+    settings.summarizer_prompt_file = None;
+    settings.summarizer_url = Some("not a url".into());
+    let e = Application::build(settings).await.err().unwrap();
+    assert!(e.to_string().contains("TURNSTORE_SUMMARIZER_URL"), "{e}");
+}
