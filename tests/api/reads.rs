@@ -21,6 +21,7 @@ conformance!(
     a_start_reads_its_history_with_the_same_options,
     reads_cross_the_walks_pages,
     a_read_loads_only_what_it_returns,
+    unreadable_data_is_an_internal_error_not_an_outage,
 );
 
 fn seqs(h: &Value) -> Vec<u64> {
@@ -344,4 +345,31 @@ async fn a_read_loads_only_what_it_returns(backend: Backend) {
             assert!(*bytes < bound, "{read}: Redis sent {bytes} bytes");
         }
     }
+}
+
+/// A script that fails on data it cannot read would fail alike on a retry:
+/// a 500 `internal` (logged), not a 503 that tells clients to retry, and
+/// the store stays ready.
+async fn unreadable_data_is_an_internal_error_not_an_outage(backend: Backend) {
+    if backend == Backend::Memory {
+        return; // its data is typed
+    }
+    let app = TestApp::spawn(backend).await;
+    let s = sid();
+    app.complete(&s, "q1", "a1").await;
+    let turns = format!("{}:{{{s}}}:s", app.settings.key_prefix);
+    app.on_every_redis(&["ZREMRANGEBYSCORE", &turns, "1", "1"]);
+    app.on_every_redis(&["ZADD", &turns, "1", "not a member"]);
+
+    let res = app.history(&s, "").await;
+
+    let p = problem(res, 500, "internal").await;
+    assert!(!p.to_string().contains("user_script"), "{p}");
+    let ready = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains("op=\"history\",kind=\"corrupt\""),
+        "{metrics}"
+    );
 }

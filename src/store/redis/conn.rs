@@ -250,6 +250,13 @@ impl Connections {
                 if e.is_unrecoverable_error() {
                     self.forget_cluster_connection();
                 }
+                // A script that fails as it runs is a bug or data it
+                // cannot read, not an outage: a retry would fail alike.
+                // (A command refused inside a script, OOM say, keeps its
+                // own code and stays an outage.)
+                if e.detail().is_some_and(|d| d.starts_with("user_script:")) {
+                    return StoreError::Corrupt(format!("a script failed: {e}"));
+                }
                 StoreError::Unavailable(cause(&e))
             })
         };
