@@ -355,6 +355,13 @@ impl From<StoreError> for ApiError {
                 "through_seq",
                 format!("must be at most the newest finalized seq ({newest})"),
             ),
+            StoreError::SummaryOverPending { pending } => ApiError::field(
+                "through_seq",
+                format!(
+                    "must be below {pending}: turn {pending} is still pending, and a summary \
+                     may not cover a turn that may yet be finalized"
+                ),
+            ),
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "store unavailable");
                 ProblemCode::StoreUnavailable.into()

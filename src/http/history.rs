@@ -284,8 +284,8 @@ impl Summary {
 }
 
 /// The finalized turns a history neither returns nor covers with its
-/// summary: what a client folds into the next summary (read them with
-/// `after_seq`/`through_seq`).
+/// summary, below the oldest pending turn: what a client folds into the
+/// next summary (read them with `after_seq`/`through_seq`).
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"after_seq": 12, "through_seq": 15, "turns": 3, "tokens": 412}))]
 pub struct UnsummarizedOut {
@@ -297,7 +297,8 @@ pub struct UnsummarizedOut {
     /// The tokens of their blocks as the `text` rendering would render them
     /// (without the header), in the response's encoding; `null` when the
     /// session's turns are not all counted in that encoding (read with the
-    /// server's encoding to get them).
+    /// server's encoding to get them) or when more than 256 finalized turns
+    /// wait behind a pending turn.
     #[schema(required = true)]
     pub tokens: Option<u32>,
 }

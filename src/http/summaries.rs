@@ -35,7 +35,8 @@ pub struct PutSummaryRequest {
     pub summary: String,
     /// At least the stored summary's (409 otherwise: a summary does not go
     /// backwards; the same replaces its text), at most the newest finalized
-    /// turn's seq (422).
+    /// turn's seq and below every pending turn's (422: a pending turn may
+    /// yet be finalized, and a summary may not cover it).
     #[schema(minimum = 1)]
     pub through_seq: u64,
     /// Write only if the stored summary covers exactly this many turns' seqs

@@ -10,9 +10,10 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
 use super::{
-    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Limits, Pace,
-    SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError,
-    StoredHistory, StoredSummary, SummaryWrite, Unreturned, Unsummarized, next_index_time,
+    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Limits,
+    MAX_WAITING, Pace, SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store,
+    StoreError, StoredHistory, StoredSummary, SummaryWrite, Unreturned, Unsummarized,
+    next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::{Candidate, Content, Copies, Format, Options};
@@ -136,6 +137,11 @@ impl Session {
             .map(|(p, d)| (p, *d))
     }
 
+    /// The oldest live pending turn's seq: a summary may not cover it.
+    fn oldest_pending(&self, now: Instant) -> Option<u64> {
+        self.live_pending(now).map(|(p, _)| p.seq).min()
+    }
+
     fn find(&self, turn: TurnId, now: Instant) -> Option<PendingTurn> {
         match self.pending.get(&turn) {
             Some((p, deadline)) if *deadline > now => Some(p.clone()),
@@ -173,6 +179,7 @@ impl Session {
             summary: summary.cloned(),
             covered: self.summary.as_ref().map_or(0, |s| s.through_seq),
             before_seq,
+            pending: self.oldest_pending(now),
             ..Gathered::default()
         };
         if lo > hi {
@@ -214,6 +221,8 @@ struct Gathered {
     /// What the stored summary covers (0: none).
     covered: u64,
     before_seq: u64,
+    /// The oldest live pending turn's seq.
+    pending: Option<u64>,
     first: Option<Candidate>,
     newest_first: Vec<Candidate>,
 }
@@ -236,7 +245,13 @@ impl Gathered {
         }
         let picked = sel.finish()?;
         let selection = picked.selection;
-        let unreturned = Unreturned::of(&selection, read, self.covered, self.before_seq);
+        let unreturned = Unreturned::of(
+            &selection,
+            read,
+            self.covered,
+            self.before_seq,
+            self.pending,
+        );
         let history = StoredHistory {
             user_id: self.user_id,
             total_turns: self.total_turns,
@@ -272,7 +287,9 @@ impl Session {
                 t.costs()
             }
         };
-        let tokens = (self.counts_in == CountsIn::One(read.encoding)).then(|| {
+        let waiting = self.finalized.range(u.below..u.returned_from).count() as u64;
+        let summed = self.counts_in == CountsIn::One(read.encoding) && waiting <= MAX_WAITING;
+        let tokens = summed.then(|| {
             let inner: u64 = turns
                 .clone()
                 .map(|t| {
@@ -914,6 +931,11 @@ impl Store for MemoryStore {
         let newest = s.finalized.last_key_value().map_or(0, |(seq, _)| *seq);
         if w.through_seq > newest {
             return Err(StoreError::SummaryBeyond { newest });
+        }
+        if let Some(pending) = s.oldest_pending(now)
+            && w.through_seq >= pending
+        {
+            return Err(StoreError::SummaryOverPending { pending });
         }
         // The session lives on: its owner's index entry must reach as far.
         let needed = w.now.saturating_add(super::ms(self.limits.index_needed()));

@@ -244,31 +244,49 @@ impl CountsIn {
     }
 }
 
+/// With more finalized turns than this after the oldest pending turn, a
+/// read does not sum the tokens it leaves unsummarized (`MAX_WAITING` in
+/// `lua/common.lua`): the sum would cost a walk over them.
+pub const MAX_WAITING: u64 = 256;
+
 /// Where the unsummarized turns of a read lie: above what the summary
 /// covers, below the newest run the read returned (or its upper bound when
-/// it returned none), but the reserved first turn.
+/// it returned none) and below the oldest pending turn (a summary may not
+/// cover it), but the reserved first turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Unreturned {
     pub covered: u64,
     pub below: u64,
     pub skip: Option<u64>,
+    /// Where the turns the read returned begin (`below`, unless a pending
+    /// turn is older): those in `below..returned_from` wait for it.
+    pub returned_from: u64,
 }
 
 impl Unreturned {
     /// `covered`: the stored summary's `through_seq` (0: none);
-    /// `before_seq`: a start's own seq (`u64::MAX` for a history read).
-    pub fn of(selection: &Selection, read: &Options, covered: u64, before_seq: u64) -> Self {
+    /// `before_seq`: a start's own seq (`u64::MAX` for a history read);
+    /// `pending`: the oldest live pending turn's seq.
+    pub fn of(
+        selection: &Selection,
+        read: &Options,
+        covered: u64,
+        before_seq: u64,
+        pending: Option<u64>,
+    ) -> Self {
         let turns = &selection.turns;
         let (first, run) = match turns.split_first() {
             Some((f, rest)) if read.keep_first => (Some(f.turn.seq), rest),
             _ => (None, &turns[..]),
         };
         let upper = read.through_seq.min(before_seq.saturating_sub(1));
-        let below = run.first().map_or(upper.saturating_add(1), |t| t.turn.seq);
+        let returned_from = run.first().map_or(upper.saturating_add(1), |t| t.turn.seq);
+        let below = pending.map_or(returned_from, |p| p.min(returned_from));
         Unreturned {
             covered,
             below,
             skip: first.filter(|f| *f > covered && *f < below),
+            returned_from,
         }
     }
 
@@ -346,6 +364,11 @@ pub enum StoreError {
     /// The summary would cover turns past the newest finalized one.
     #[error("the newest finalized turn is {newest}")]
     SummaryBeyond { newest: u64 },
+    /// The summary would cover a turn that is still pending (which may yet
+    /// be finalized, and would then be in neither the summary nor a
+    /// history).
+    #[error("turn {pending} is pending")]
+    SummaryOverPending { pending: u64 },
     /// The read's template failed while rendering.
     #[error("template: {0}")]
     Template(#[from] crate::history::template::TemplateError),

@@ -253,9 +253,11 @@ impl Summarizer {
                 turns: turns.len() as u64,
                 tokens,
             }),
-            Err(StoreError::SummaryConflict { .. } | StoreError::SummaryBeyond { .. }) => {
-                Ok(Outcome::Conflict)
-            }
+            Err(
+                StoreError::SummaryConflict { .. }
+                | StoreError::SummaryBeyond { .. }
+                | StoreError::SummaryOverPending { .. },
+            ) => Ok(Outcome::Conflict),
             Err(e) => Err(e.into()),
         }
     }

@@ -14,6 +14,8 @@ conformance!(
     histories_begin_with_the_summary_when_asked,
     the_summary_counts_first_and_alone_when_nothing_else_fits,
     unsummarized_names_exactly_what_to_fold_next,
+    a_summary_never_covers_a_pending_turn,
+    many_turns_waiting_behind_a_pending_turn_are_not_summed,
     a_client_folds_its_history_into_a_rolling_summary,
     clearing_and_erasing_delete_the_summary,
 );
@@ -319,6 +321,143 @@ async fn unsummarized_names_exactly_what_to_fold_next(backend: Backend) {
         .started(json!({"session_id": s, "user_query": "q6", "history": {"limit": 1}}))
         .await;
     assert_eq!(started["history"]["unsummarized"]["through_seq"], 4);
+}
+
+/// A pending turn may yet be finalized: a summary covering it would leave
+/// it in neither the summary nor any history. So the unsummarized turns end
+/// below the oldest pending turn, and a write past it is refused.
+async fn a_summary_never_covers_a_pending_turn(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = session_of(&app, 1).await;
+    let slow = app
+        .started(json!({"session_id": s, "user_query": "q2"}))
+        .await;
+    app.complete(&s, "q3", "a3").await;
+    app.complete(&s, "q4", "a4").await;
+
+    let h = app.history_ok(&s, "limit=1").await;
+    assert_eq!(
+        h["unsummarized"],
+        json!({"after_seq": 0, "through_seq": 1, "turns": 1,
+               "tokens": count("o200k_base", "User: q1\nAssistant: a1")})
+    );
+    for through in [2, 3] {
+        let p = problem(
+            app.put_summary(&s, json!({"summary": "s", "through_seq": through}))
+                .await,
+            422,
+            "validation_failed",
+        )
+        .await;
+        assert_eq!(p["errors"][0]["field"], "through_seq", "{p}");
+        assert!(
+            p["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("turn 2 is still pending"),
+            "{p}"
+        );
+    }
+    problem(app.get_summary(&s).await, 404, "summary_not_found").await;
+    ok_json(
+        app.put_summary(&s, json!({"summary": "one", "through_seq": 1}))
+            .await,
+        StatusCode::OK,
+    )
+    .await;
+
+    // Turn 2 finalized late: nothing lost, and it is next to fold.
+    let res = app
+        .finalize(&s, slow["turn_id"].as_str().unwrap(), "a2")
+        .await;
+    assert_eq!(res.status(), 200);
+    let h = app.history_ok(&s, "summary=true&format=turns").await;
+    let seqs: Vec<u64> = h["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [2, 3, 4]);
+    let h = app.history_ok(&s, "summary=true&limit=1").await;
+    assert_eq!(
+        h["unsummarized"],
+        json!({"after_seq": 1, "through_seq": 3, "turns": 2,
+               "tokens": count("o200k_base", "User: q2\nAssistant: a2\n\nUser: q3\nAssistant: a3")})
+    );
+    ok_json(
+        app.put_summary(
+            &s,
+            json!({"summary": "three", "through_seq": 3, "expected_through_seq": 1}),
+        )
+        .await,
+        StatusCode::OK,
+    )
+    .await;
+
+    // An aborted turn waits for nothing.
+    let gone = app
+        .started(json!({"session_id": s, "user_query": "q5"}))
+        .await;
+    app.complete(&s, "q6", "a6").await;
+    assert_eq!(
+        app.history_ok(&s, "summary=true&limit=1").await["unsummarized"]["through_seq"],
+        4
+    );
+    assert_eq!(
+        app.abort(&s, gone["turn_id"].as_str().unwrap())
+            .await
+            .status(),
+        204
+    );
+    let h = app.history_ok(&s, "summary=true&limit=0").await;
+    assert_eq!(h["unsummarized"]["through_seq"], 6, "{h}");
+    ok_json(
+        app.put_summary(&s, json!({"summary": "all", "through_seq": 6}))
+            .await,
+        StatusCode::OK,
+    )
+    .await;
+}
+
+/// Summing what waits behind a pending turn costs a walk over it: past
+/// MAX_WAITING (256) turns the tokens are not summed, the turns still named.
+async fn many_turns_waiting_behind_a_pending_turn_are_not_summed(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    // The read returns the newest imported turn: the others wait.
+    for (waiting, summed) in [(256, true), (257, false)] {
+        let s = session_of(&app, 2).await;
+        app.started(json!({"session_id": s, "user_query": "pending"}))
+            .await;
+        let messages: Vec<Value> = (0..=waiting)
+            .flat_map(|_| {
+                [
+                    json!({"role": "user", "content": "q"}),
+                    json!({"role": "assistant", "content": "a"}),
+                ]
+            })
+            .collect();
+        let res = app
+            .http
+            .post(app.url(&format!("/v1/sessions/{s}/import")))
+            .json(&json!({ "messages": messages }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201);
+        let h = app.history_ok(&s, "limit=1").await;
+        let blocks = "User: q1\nAssistant: a1\n\nUser: q2\nAssistant: a2";
+        let tokens = if summed {
+            json!(count("o200k_base", blocks))
+        } else {
+            Value::Null
+        };
+        assert_eq!(
+            h["unsummarized"],
+            json!({"after_seq": 0, "through_seq": 2, "turns": 2, "tokens": tokens}),
+            "{waiting} waiting"
+        );
+    }
 }
 
 /// The loop of API.md: read with summary=true, fold what `unsummarized`

@@ -681,7 +681,8 @@ export interface components {
              * Format: int64
              * @description At least the stored summary's (409 otherwise: a summary does not go
              *     backwards; the same replaces its text), at most the newest finalized
-             *     turn's seq (422).
+             *     turn's seq and below every pending turn's (422: a pending turn may
+             *     yet be finalized, and a summary may not cover it).
              */
             through_seq: number;
             /**
@@ -899,8 +900,8 @@ export interface components {
         TurnId: string;
         /**
          * @description The finalized turns a history neither returns nor covers with its
-         *     summary: what a client folds into the next summary (read them with
-         *     `after_seq`/`through_seq`).
+         *     summary, below the oldest pending turn: what a client folds into the
+         *     next summary (read them with `after_seq`/`through_seq`).
          * @example {
          *       "after_seq": 12,
          *       "through_seq": 15,
@@ -926,7 +927,8 @@ export interface components {
              * @description The tokens of their blocks as the `text` rendering would render them
              *     (without the header), in the response's encoding; `null` when the
              *     session's turns are not all counted in that encoding (read with the
-             *     server's encoding to get them).
+             *     server's encoding to get them) or when more than 256 finalized turns
+             *     wait behind a pending turn.
              */
             tokens: number | null;
         };

@@ -233,7 +233,10 @@ impl RedisStore {
         let selection = picked.selection;
         let unsummarized = match described {
             Described::Done(u) => u,
-            Described::Later => self.describe(session, &selection, read, before_seq).await?,
+            Described::Later => {
+                self.describe(session, &selection, read, before_seq, now)
+                    .await?
+            }
         };
         Ok(Selected {
             summary: summary.filter(|_| selection.summary),

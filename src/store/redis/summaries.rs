@@ -153,6 +153,7 @@ impl RedisStore {
                 "owner_mismatch" => return Err(StoreError::OwnerMismatch),
                 "conflict" => return Err(StoreError::SummaryConflict { stored: r.uint()? }),
                 "beyond" => return Err(StoreError::SummaryBeyond { newest: r.uint()? }),
+                "pending" => return Err(StoreError::SummaryOverPending { pending: r.uint()? }),
                 "need_index" => {
                     let user = r.string()?;
                     let min = r.int()?;
@@ -209,13 +210,15 @@ impl RedisStore {
         selection: &Selection,
         read: &Options,
         before_seq: u64,
+        now: Millis,
     ) -> Result<Option<Unsummarized>, StoreError> {
-        // The script knows what the summary covers; 0 lets it judge.
-        let u = Unreturned::of(selection, read, 0, before_seq);
-        let mut numbers = Vec::with_capacity(2 * 8 + 2);
+        // The script knows what the summary covers and which turns are
+        // pending; 0 and None let it judge.
+        let u = Unreturned::of(selection, read, 0, before_seq, None);
+        let mut numbers = Vec::with_capacity(3 * 8 + 2);
         pack(
             &mut numbers,
-            &[u.below as f64, u.skip.map_or(0.0, |s| s as f64)],
+            &[u.below as f64, u.skip.map_or(0.0, |s| s as f64), now as f64],
         );
         numbers.push(read.encoding.code());
         numbers.push(u8::from(read.english));

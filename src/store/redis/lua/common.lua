@@ -199,20 +199,56 @@ local function live_pending(now)
   return redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
 end
 
+-- The seq of the oldest pending turn live at `now`, or nil. A summary may
+-- not cover it (it may yet be finalized), so the unsummarized turns end
+-- below it. Costs the live pending turns (at most the pending cap).
+local function oldest_pending(now)
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')
+  if #ids == 0 then return nil end
+  local oldest = nil
+  for _, rec in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do
+    local seq = rec and tonumber(string.match(rec, '^%?(%d+)'))
+    if seq and (not oldest or seq < oldest) then oldest = seq end
+  end
+  return oldest
+end
+
+-- With more finalized turns than this after the oldest pending turn, a
+-- read does not sum the tokens it leaves unsummarized (MAX_WAITING in
+-- store/mod.rs).
+local MAX_WAITING = 256
+
+-- The text_inner sum over the finalized turns with lo <= seq < hi.
+local function sum_inner(lo, hi, english)
+  local sum = 0
+  for _, x in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], lo, '(' .. hi)) do
+    sum = sum + text_inner(x, english)
+  end
+  return sum
+end
+
 local function touch(ttl)
   for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 
 -- The finalized turns neither returned nor covered by the summary (seq in
--- (covered, below), but `skip`, the turn keep_first returned): {covered,
--- the newest's seq, how many, the tokens of their `text` blocks in the
--- read's encoding (`enc`, the letter) and language, or false when the
--- session's turns are not all counted in it}; false when there are none.
--- `above`: the sum of text_inner over the turns with seq >= below, when
--- the caller knows it (else it is summed here: what the read returned).
-local function describe(covered, below, skip, enc, english, above)
+-- (covered, below), but `skip`, the turn keep_first returned, and but the
+-- turns from the oldest pending one on): {covered, the newest's seq, how
+-- many, the tokens of their `text` blocks in the read's encoding (`enc`,
+-- the letter) and language, or false when the session's turns are not all
+-- counted in it or more than MAX_WAITING wait behind a pending turn};
+-- false when there are none. `above`: the sum of text_inner over the
+-- turns with seq >= below, when the caller knows it (else it is summed
+-- here: what the read returned).
+local function describe(covered, below, skip, enc, english, above, now)
   -- Seqs are below LIVE: the rest of the zset is pending turns.
   below = math.min(below, tonumber(LIVE))
+  local returned_from, waiting = below, 0
+  local pending = oldest_pending(now)
+  if pending and pending < below then
+    below = pending
+    waiting = redis.call('ZCOUNT', KEYS[3], below, '(' .. returned_from)
+  end
   if below <= covered + 1 then return false end
   local lo, hi = '(' .. covered, '(' .. below
   local n = redis.call('ZCOUNT', KEYS[3], lo, hi)
@@ -228,16 +264,12 @@ local function describe(covered, below, skip, enc, english, above)
   local tokens = false
   local m = redis.call('HMGET', KEYS[1], 'ts', 'cs')
   local tl, ts, tse = unpack_sums(m[1])
-  if tl == enc then
+  if tl == enc and waiting <= MAX_WAITING then
     local _, cs, cse = unpack_sums(m[2])
     local all, cov = ts, cs
     if english then all, cov = tse, cse end
-    if not above then
-      above = 0
-      for _, x in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], below, '(' .. LIVE)) do
-        above = above + text_inner(x, english)
-      end
-    end
+    if not above then above = sum_inner(returned_from, LIVE, english) end
+    if waiting > 0 then above = above + sum_inner(below, returned_from, english) end
     local sum = all - cov - above
     if skipped then sum = sum - text_inner(skipped, english) end
     tokens = sum + last_adjust(last, english)

@@ -2,4 +2,4 @@
 -- Returns false (no session) | {owner or '', live pending turns, page}
 local m = redis.call('HMGET', KEYS[1], 'user_id', 'next_seq', 'n')
 if not m[2] then return false end
-return {m[1] or '', live_pending(tonumber(ARGV[1])), walk(2, nil, tonumber(m[3] or '0'))}
+return {m[1] or '', live_pending(tonumber(ARGV[1])), walk(2, nil, tonumber(m[3] or '0'), tonumber(ARGV[1]))}

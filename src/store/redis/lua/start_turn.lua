@@ -44,7 +44,7 @@ if key ~= '' and meta[5] then
       if p and tonumber(string.match(p, '^%?(%d+)')) < seq then before = before + 1 end
     end
     local started = string.match(rec, '^%??%d+ (%d+)')
-    local page = reading and walk(9, seq) or false
+    local page = reading and walk(9, seq, nil, now) or false
     return {'replay', owner or '', tid, seq, started, page, before, 0}
   end
 end
@@ -110,6 +110,6 @@ else
   redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail)
 end
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
-local page = reading and walk(9, seq, tonumber(meta[6] or '0')) or false
+local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now) or false
 touch(session_ttl)
 return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired}

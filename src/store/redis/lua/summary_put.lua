@@ -4,7 +4,9 @@
 -- or '', 3 the summary, 4 its counts "<letter> <text> <alone> <joined>
 -- <message>", 5 user the caller wrote an index entry for, or ''.
 -- Returns {'ok'} | {'owner_mismatch'} | {'conflict', stored through seq} |
---   {'beyond', newest finalized seq} | {'need_index', user, min time}
+--   {'beyond', newest finalized seq} | {'pending', seq of the oldest
+--   pending turn, which the summary may not cover} | {'need_index', user,
+--   min time}
 local now, ttl, through, expected, needed, written = struct.unpack('>dddddd', ARGV[1])
 local user, text, counts, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local m = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'next_seq', 'st')
@@ -19,6 +21,8 @@ end
 local newest = redis.call('ZREVRANGEBYSCORE', KEYS[3], '(' .. LIVE, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
 local newest_seq = tonumber(newest[2] or '0')
 if through > newest_seq then return {'beyond', newest_seq} end
+local pending = oldest_pending(now)
+if pending and through >= pending then return {'pending', pending} end
 -- The session lives on: its owner's index entry must reach as far.
 if owner then
   if indexed_for == owner then

@@ -42,7 +42,7 @@ local BATCH = 64
 
 local WALK_ARGS = '>ddddddddddddc1BBBBBBBB'
 
-local function walk(at, before, count)
+local function walk(at, before, count, now)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
     inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies,
     with_summary, describing, budget = struct.unpack(WALK_ARGS, ARGV[at])
@@ -279,12 +279,8 @@ local function walk(at, before, count)
     local below = upper_seq or tonumber(LIVE)
     if last_m then below = tonumber(redis.call('ZSCORE', KEYS[3], last_m)) end
     local above = run_sum
-    if upper_seq then
-      for _, x in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], upper_seq, '(' .. LIVE)) do
-        above = above + text_inner(x, english)
-      end
-    end
-    unsummarized = describe(covered, below, first_seq, enc, english, above)
+    if upper_seq then above = above + sum_inner(upper_seq, LIVE, english) end
+    unsummarized = describe(covered, below, first_seq, enc, english, above, now)
   end
   return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized}
 end
