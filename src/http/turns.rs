@@ -18,7 +18,7 @@ use crate::config::Settings;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
 use crate::history::Options;
 use crate::history::template::Templates;
-use crate::store::{Finalized, StartTurn};
+use crate::store::{Finalized, StartTurn, Store, StoreError, StoredHistory};
 use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::{English, Finalization, NewPendingTurn, TurnView, now_millis, rfc3339};
 
@@ -274,26 +274,46 @@ pub async fn start_turn(
         },
     )
     .await;
+    let templated = match start.history.as_ref().filter(|o| o.template.is_some()) {
+        Some(read) => Some(
+            read_templated(&*app.store, &start.session_id, start.user_id.as_ref(), read).await?,
+        ),
+        None => None,
+    };
     let key = start.idempotency.as_ref();
-    let started = app
-        .store
-        .start_turn(StartTurn {
-            session_id: &start.session_id,
-            user_id: start.user_id.as_ref(),
-            turn: NewPendingTurn {
-                turn_id: &turn_id,
-                user_query: query.as_str(),
-                started_at: now_millis(),
-                idempotency_key: key.map(|(k, _)| k.as_str()),
-                tokens: &tokens,
-                english: english.as_ref(),
-            },
-            idempotency: key.map(|(k, hash)| (k, hash.as_str())),
-            history: start.history.as_ref(),
-            new_session: start.new_session,
-            now: now_millis(),
-        })
-        .await?;
+    let begin = |history| StartTurn {
+        session_id: &start.session_id,
+        user_id: start.user_id.as_ref(),
+        turn: NewPendingTurn {
+            turn_id: &turn_id,
+            user_query: query.as_str(),
+            started_at: now_millis(),
+            idempotency_key: key.map(|(k, _)| k.as_str()),
+            tokens: &tokens,
+            english: english.as_ref(),
+        },
+        idempotency: key.map(|(k, hash)| (k, hash.as_str())),
+        history,
+        new_session: start.new_session,
+        now: now_millis(),
+    };
+    let started = match templated {
+        None => app.store.start_turn(begin(start.history.as_ref())).await?,
+        Some(read_before) => {
+            let mut started = app.store.start_turn(begin(None)).await?;
+            if started.replayed {
+                // A replay writes nothing: read its history as it stood
+                // before the turn, in one operation with the replay.
+                started = app.store.start_turn(begin(start.history.as_ref())).await?;
+            } else {
+                started.history = Some(StoredHistory {
+                    user_id: started.user_id.clone(),
+                    ..read_before
+                });
+            }
+            started
+        }
+    };
     app.metrics.turn_started(started.replayed);
 
     let history = match (started.history, &start.history) {
@@ -316,6 +336,33 @@ pub async fn start_turn(
     } else {
         (StatusCode::CREATED, Json(body)).into_response()
     })
+}
+
+/// A start's templated history, read and rendered before the turn is
+/// written, so that a template failing on it leaves nothing behind: no
+/// turn, no claimed owner, no slid TTL, no seq spent. It is the history an
+/// instant before the start (a turn finalized meanwhile is as if finalized
+/// after it); the live pending turns it counts are those before the turn.
+async fn read_templated(
+    store: &dyn Store,
+    session: &SessionId,
+    user: Option<&UserId>,
+    read: &Options,
+) -> Result<StoredHistory, ApiError> {
+    match store.history(session, read, now_millis()).await {
+        Err(StoreError::Template(e)) => {
+            // Another owner's session: the start is refused for that, and
+            // its history's effect on the template is not told.
+            if let Some(user) = user
+                && let Some(info) = store.session_info(session, now_millis()).await?
+                && info.user_id.is_some_and(|owner| owner != user.as_str())
+            {
+                return Err(StoreError::OwnerMismatch.into());
+            }
+            Err(StoreError::Template(e).into())
+        }
+        read_before => Ok(read_before?),
+    }
 }
 
 /// What "the same body" means for an idempotent replay: the parsed request,

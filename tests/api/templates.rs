@@ -195,15 +195,61 @@ async fn operators_templates_render_and_fail_cleanly(backend: Backend) {
     )
     .await;
     assert!(p["detail"].as_str().unwrap().contains("line 1"), "{p}");
-    // A template failing in a start: nothing is written.
+    // A template failing in a start: nothing is written. Not the turn, not
+    // an owner for the unowned session, not its activity, not a seq.
+    let before = ok_json(app.session(&s).await, StatusCode::OK).await;
     let res = app
-        .start(json!({"session_id": s, "user_query": "q", "history": {"template": "broken"}}))
+        .start(
+            json!({"session_id": s, "user_id": "mallory", "user_query": "q",
+                      "history": {"template": "broken"}}),
+        )
         .await;
     problem(res, 422, "template_error").await;
+    let mut after = ok_json(app.session(&s).await, StatusCode::OK).await;
+    // (expires_at is read as now + the TTL left: it moves by the ms.)
+    after["expires_at"] = before["expires_at"].clone();
+    assert_eq!(after, before);
+    assert_eq!(app.user_sessions("mallory").await["sessions"], json!([]));
     let h = app.history_ok(&s, "").await;
     assert_eq!(
         (h["total_turns"].clone(), h["pending_turns"].clone()),
         (json!(3), json!(0))
+    );
+    let next = app
+        .started(json!({"session_id": s, "user_query": "q4"}))
+        .await;
+    assert_eq!(next["seq"], 4);
+    // On another owner's session, the start is refused as such.
+    let owned = sid();
+    app.started(json!({"session_id": owned, "user_id": "alice", "user_query": "q"}))
+        .await;
+    app.complete(&owned, "q2", "a2").await;
+    let res = app
+        .start(
+            json!({"session_id": owned, "user_id": "mallory", "user_query": "q",
+                      "history": {"template": "broken"}}),
+        )
+        .await;
+    problem(res, 403, "session_owner_mismatch").await;
+
+    // A working template in a start, and its replay: the history as it
+    // stood before the turn, both times.
+    let body = json!({"session_id": s, "user_query": "q5", "history": {"template": "plain"}});
+    let first = ok_json(
+        app.start_with_key("k5", body.clone()).await,
+        StatusCode::CREATED,
+    )
+    .await;
+    app.complete(&s, "q6", "a6").await;
+    let again = ok_json(app.start_with_key("k5", body).await, StatusCode::OK).await;
+    assert_eq!(first["seq"], again["seq"]);
+    assert_eq!(first["history"], again["history"]);
+    assert!(
+        first["history"]["rendered"]
+            .as_str()
+            .unwrap()
+            .ends_with("[3] Bye -> See you."),
+        "{first}"
     );
 }
 
