@@ -222,7 +222,9 @@ fn pairs(
             }
         }
     }
-    if messages.len() % 2 == 1 {
+    // An odd count ends on a user message's place: unpaired if it is one
+    // (a wrong role there is told above).
+    if messages.len() % 2 == 1 && messages.last().is_some_and(|m| m.role == "user") {
         let last = messages.len() - 1;
         fail(
             format!("messages[{last}]"),

@@ -134,6 +134,20 @@ async fn bad_transcripts_name_the_message_and_write_nothing(backend: Backend) {
             .collect();
         assert!(fields.contains(&field), "{body}: {p}");
     }
+    // An odd transcript ending on an assistant message: its role is wrong,
+    // and nothing else is said of it.
+    let p = problem(
+        app.import(
+            &s,
+            json!({"messages": [user("q"), assistant("a"), assistant("b")]}),
+        )
+        .await,
+        422,
+        "validation_failed",
+    )
+    .await;
+    assert_eq!(p["errors"].as_array().unwrap().len(), 1, "{p}");
+    assert_eq!(p["errors"][0]["field"], "messages[2].role", "{p}");
     // Every wrong message is named, not only the first.
     let p = problem(
         app.import(&s, json!({"messages": [assistant("a"), user("q")]}))
