@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import AsyncIterator, Dict, Iterator
 
 import pytest
@@ -93,6 +94,59 @@ def capped_server(request: pytest.FixtureRequest) -> Iterator[Server]:
     store: str = request.param
     env = _store_env(store, request)
     env["TURNSTORE_MAX_PENDING_TURNS"] = "2"
+    srv = start_turnstore(store, env)
+    yield srv
+    srv.stop()
+
+
+# Operator templates (TURNSTORE_TEMPLATES_DIR) of ``templates_server``:
+# ``conv`` uses every macro, ``broken`` fails on its line 2 for any turn,
+# ``plain`` has no summary macro.
+TEMPLATES = {
+    "conv": (
+        '{% macro header() %}<conversation id="{{ session_id }}">{% endmacro %}\n'
+        '{% macro turn(turn) %}<q n="{{ turn.seq }}">{{ turn.user_query }}</q>'
+        "<a>{{ turn.final_answer }}</a>{% endmacro %}\n"
+        "{% macro separator() %}\n{% endmacro %}\n"
+        "{% macro footer() %}</conversation>{% endmacro %}\n"
+        '{% macro summary(summary) %}<summary upto="{{ summary.through_seq }}">'
+        "{{ summary.text }}</summary>{% endmacro %}\n"
+    ),
+    "broken": "{% macro turn(turn) %}{{ turn.seq }}\n{{ no_such_name.field }}{% endmacro %}\n",
+    "plain": (
+        "{% macro turn(turn) %}[{{ turn.user_query }}|{{ turn.final_answer }}]{% endmacro %}\n"
+    ),
+}
+
+
+@pytest.fixture(scope="session")
+def templates_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("templates")
+    for name, source in TEMPLATES.items():
+        (directory / f"{name}.jinja").write_text(source, "utf-8")
+    return directory
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def templates_server(request: pytest.FixtureRequest, templates_dir: Path) -> Iterator[Server]:
+    """A turnstore with the operator templates of ``TEMPLATES``, once per store."""
+    store: str = request.param
+    env = _store_env(store, request)
+    env["TURNSTORE_TEMPLATES_DIR"] = str(templates_dir)
+    srv = start_turnstore(store, env)
+    yield srv
+    srv.stop()
+
+
+EXPORT_TIMEOUT = "300ms"
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def export_cut_server(request: pytest.FixtureRequest) -> Iterator[Server]:
+    """A turnstore whose exports stop at ``EXPORT_TIMEOUT``, once per store."""
+    store: str = request.param
+    env = _store_env(store, request)
+    env["TURNSTORE_EXPORT_TIMEOUT"] = EXPORT_TIMEOUT
     srv = start_turnstore(store, env)
     yield srv
     srv.stop()

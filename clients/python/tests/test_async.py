@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from typing import AsyncIterator, List, Optional
 
+import httpx
 import pytest
 from support import LOSE, REFUSE, AsyncScriptedTransport, Server, new_id
 
-from turnstore import AsyncClient, ConflictError, HistoryOptions, NotFoundError
+from turnstore import (
+    AsyncClient,
+    ConflictError,
+    ExportInterruptedError,
+    HistoryOptions,
+    NotFoundError,
+    SummaryConflictError,
+    ValidationError,
+)
 
 
 async def test_every_operation(aclient: AsyncClient) -> None:
@@ -80,3 +91,105 @@ async def test_async_retries(server: Server) -> None:
         transport.script = [REFUSE]
         with pytest.raises(NotFoundError):
             await client.abort_turn(sid, str(uuid.uuid4()))
+
+
+async def test_async_v1_1_operations(aclient: AsyncClient) -> None:
+    sid, user = new_id(), new_id("user")
+    imported = await aclient.import_messages(
+        sid,
+        [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}],
+        user_id=user,
+        idempotency_key="import-1",
+    )
+    assert (imported.imported_turns, imported.first_seq, imported.replayed) == (1, 1, False)
+    again = await aclient.import_messages(
+        sid,
+        [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"}],
+        user_id=user,
+        idempotency_key="import-1",
+    )
+    assert (again.replayed, again.first_seq) == (True, 1)
+    with pytest.raises(ValidationError) as info:
+        await aclient.import_messages(sid, [{"role": "tool", "content": "x"}])
+    assert [e.field for e in info.value.errors] == ["messages[0].role"]
+
+    english = HistoryOptions(format="messages", lang="en")
+    async with aclient.turn("Wie?", session_id=sid, user_query_en="How?", history=english) as turn:
+        assert turn.prompt()[-1] == {"role": "user", "content": "How?"}
+        done = await turn.finalize("So.", final_answer_en="Like so.")
+    assert (done.seq, done.user_query_en, done.final_answer_en) == (2, "How?", "Like so.")
+    started = await aclient.start_turn("Und?", session_id=sid, user_query_en="And?")
+    await aclient.finalize_turn(sid, started.turn_id, "Nichts.", final_answer_en="Nothing.")
+    text = await aclient.get_history_text(sid, lang="en", limit=1)
+    assert text.text.endswith("User: And?\nAssistant: Nothing.")
+
+    summary = await aclient.put_summary(sid, "q1 was asked", 1, expected_through_seq=0)
+    assert await aclient.get_summary(sid) == summary
+    with pytest.raises(SummaryConflictError):
+        await aclient.put_summary(sid, "stale", 2, expected_through_seq=0)
+    history = await aclient.get_history(sid, summary=True, format="turns", limit=1)
+    assert history.summary == summary
+    assert history.unsummarized is not None
+    assert (history.unsummarized.after_seq, history.unsummarized.through_seq) == (1, 2)
+    rendered = await aclient.get_history(sid, summary=True, template="markdown", limit=1)
+    assert rendered.rendered == (
+        "## Conversation summary\n\nq1 was asked\n\n"
+        "## Conversation history\n\n**User:** Und?\n\n**Assistant:** Nichts."
+    )
+    with pytest.raises(NotFoundError) as not_found:
+        await aclient.get_history(sid, template="nope")
+    assert not_found.value.code == "template_not_found"
+
+    async with aclient.export_user(user) as export:
+        sessions = [s async for s in export]
+    assert [s.session_id for s in sessions] == [sid]
+    assert [t.seq for t in sessions[0].turns] == [1, 2, 3]
+    assert sessions[0].summary == summary
+    assert [s async for s in aclient.export_user(new_id("user"))] == []
+
+    await aclient.delete_summary(sid)
+    with pytest.raises(NotFoundError):
+        await aclient.get_summary(sid)
+
+
+class _AsyncBody(httpx.AsyncByteStream):
+    def __init__(self, chunks: List[bytes], error: Optional[Exception]) -> None:
+        self.chunks = chunks
+        self.error = error
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        if self.error is not None:
+            raise self.error
+
+
+def _async_export_client(chunks: List[bytes], error: Optional[Exception] = None) -> AsyncClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=_AsyncBody(chunks, error))
+
+    return AsyncClient("http://turnstore.test", transport=httpx.MockTransport(handler))
+
+
+def _session_line(sid: str) -> bytes:
+    at = "2026-11-25T10:15:30.123Z"
+    line = {"session_id": sid, "created_at": at, "last_active_at": at, "turns": []}
+    return json.dumps(line).encode() + b"\n"
+
+
+async def test_async_export_cuts_raise() -> None:
+    whole = _session_line("s-1") + _session_line("s-2")
+    async with _async_export_client([whole[:10], whole[10:], b'{"session_id": "s-3"']) as client:
+        received = []
+        with pytest.raises(ExportInterruptedError) as info:
+            async for session in client.export_user("u-1"):
+                received.append(session.session_id)
+    assert received == ["s-1", "s-2"] and info.value.sessions == 2
+
+    async with _async_export_client([whole], httpx.RemoteProtocolError("cut")) as client:
+        async with client.export_user("u-1") as export:
+            assert (await export.__anext__()).session_id == "s-1"
+            assert (await export.__anext__()).session_id == "s-2"
+            with pytest.raises(ExportInterruptedError) as info:
+                await export.__anext__()
+    assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)

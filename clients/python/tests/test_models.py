@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from turnstore import History, HistoryOptions
+from turnstore import ExportedSession, History, HistoryOptions, ImportResult, Summary, Unsummarized
 from turnstore.models import parse_datetime
 
 
@@ -69,3 +69,81 @@ def test_history_ignores_unknown_fields() -> None:
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "a"},
     ]
+
+
+def test_v1_1_history_options_encoding() -> None:
+    options = HistoryOptions(lang="en", summary=True, template="xml", after_seq=3)
+    assert options.to_params() == {
+        "after_seq": 3,
+        "lang": "en",
+        "summary": "true",
+        "template": "xml",
+    }
+    assert options.to_json() == {"after_seq": 3, "lang": "en", "summary": True, "template": "xml"}
+    assert HistoryOptions(summary=False).to_params() == {"summary": "false"}
+
+
+_TURN = {
+    "turn_id": "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a",
+    "seq": 3,
+    "user_query": "Wie?",
+    "final_answer": "So.",
+    "started_at": "2026-11-25T10:15:30.123Z",
+    "finalized_at": "2026-11-25T10:15:32.456Z",
+    "truncated": False,
+}
+
+
+def test_a_turns_history_with_its_summary_and_unsummarized() -> None:
+    history = History.from_json(
+        {
+            "session_id": "s",
+            "user_id": "alice",
+            "format": "turns",
+            "encoding": "o200k_base",
+            "token_count": 30,
+            "total_turns": 2,
+            "included_turns": 1,
+            "omitted_turns": 1,
+            "pending_turns": 0,
+            "stopped_by": "limit",
+            "turns": [dict(_TURN, user_query_en="How?")],
+            "summary": {
+                "summary": "Earlier: greetings.",
+                "through_seq": 1,
+                "token_count": 4,
+                "updated_at": "2026-11-25T10:20:41.210Z",
+            },
+            "unsummarized": {"after_seq": 1, "through_seq": 2, "turns": 1, "tokens": None},
+        }
+    )
+    assert history.summary == Summary(
+        "Earlier: greetings.", 1, 4, datetime(2026, 11, 25, 10, 20, 41, 210000, timezone.utc)
+    )
+    assert history.unsummarized == Unsummarized(after_seq=1, through_seq=2, turns=1, tokens=None)
+    assert history.turns is not None
+    assert (history.turns[0].user_query_en, history.turns[0].final_answer_en) == ("How?", None)
+    assert history.chat_messages() == [
+        {"role": "system", "content": "Summary of the conversation so far:\nEarlier: greetings."},
+        {"role": "user", "content": "Wie?"},
+        {"role": "assistant", "content": "So."},
+    ]
+
+
+def test_an_exported_session_line() -> None:
+    session = ExportedSession.from_json(
+        {
+            "session_id": "chat-42",
+            "created_at": "2026-11-25T10:15:30.123Z",
+            "last_active_at": "2026-11-25T10:17:02.481Z",
+            "turns": [_TURN],
+            "future_field": 1,
+        }
+    )
+    assert session.summary is None
+    assert [t.seq for t in session.turns] == [3]
+    assert session.created_at < session.last_active_at
+    result = ImportResult.from_json(
+        {"session_id": "s", "user_id": None, "imported_turns": 2, "first_seq": 4, "last_seq": 5}
+    )
+    assert (result.first_seq, result.last_seq, result.replayed) == (4, 5, False)

@@ -16,6 +16,7 @@ from turnstore import (
     ConnectionFailedError,
     NotFoundError,
     RetryPolicy,
+    SummaryConflictError,
     UnavailableError,
     ValidationError,
 )
@@ -186,3 +187,70 @@ def test_a_mocked_start_honours_replayed_header() -> None:
     with Client("http://turnstore.test", transport=httpx.MockTransport(handler)) as client:
         started = client.start_turn("q", session_id="s-1")
     assert (started.seq, started.replayed, started.session_id) == (7, True, "s-1")
+
+
+def test_a_lost_import_is_replayed_not_imported_twice(
+    flaky: Client, client: Client, transport: ScriptedTransport
+) -> None:
+    sid = new_id()
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    transport.script = [LOSE, LOSE]
+    result = flaky.import_messages(sid, messages, user_id="alice")
+    assert len(transport.requests) == 3
+    keys = _sent(transport, "idempotency-key")
+    assert len(set(keys)) == 1 and uuid.UUID(keys[0]).version == 4
+    assert (result.replayed, result.imported_turns, result.first_seq) == (True, 1, 1)
+    assert client.get_session(sid).turn_count == 1
+
+    transport.requests.clear()
+    flaky.import_messages(sid, messages)
+    flaky.import_messages(sid, messages)
+    assert len(set(_sent(transport, "idempotency-key"))) == 2
+    assert client.get_session(sid).turn_count == 3
+
+
+def test_a_lost_summary_write_is_recognised_by_its_retry(
+    flaky: Client, client: Client, transport: ScriptedTransport
+) -> None:
+    sid = new_id()
+    finished_turn(client, sid, "q1", "a1")
+    finished_turn(client, sid, "q2", "a2")
+    transport.script = [LOSE]
+    # The first try writes; its retry meets its own write as a conflict.
+    written = flaky.put_summary(sid, "both", 2, expected_through_seq=0)
+    assert [r.method for r in transport.requests] == ["PUT", "PUT", "GET"]
+    assert (written.summary, written.through_seq) == ("both", 2)
+    assert client.get_summary(sid) == written
+
+
+def test_a_real_conflict_survives_the_retry(
+    flaky: Client, client: Client, transport: ScriptedTransport
+) -> None:
+    sid = new_id()
+    finished_turn(client, sid, "q1", "a1")
+    finished_turn(client, sid, "q2", "a2")
+    client.put_summary(sid, "someone else's", 1)
+    # The first try reached the server and lost the race; so did the retry.
+    transport.script = [LOSE]
+    with pytest.raises(SummaryConflictError):
+        flaky.put_summary(sid, "mine", 2, expected_through_seq=0)
+    assert [r.method for r in transport.requests] == ["PUT", "PUT", "GET"]
+    # A try that never reached the server makes no such check.
+    transport.requests.clear()
+    transport.script = [REFUSE]
+    with pytest.raises(SummaryConflictError):
+        flaky.put_summary(sid, "mine", 2, expected_through_seq=0)
+    assert [r.method for r in transport.requests] == ["PUT", "PUT"]
+    assert client.get_summary(sid).summary == "someone else's"
+
+
+def test_an_export_is_retried_before_its_body(
+    flaky: Client, client: Client, transport: ScriptedTransport
+) -> None:
+    user = new_id("user")
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    client.import_messages(new_id(), messages, user_id=user)
+    transport.script = [REFUSE, UNAVAILABLE]
+    sessions = list(flaky.export_user(user))
+    assert len(sessions) == 1 and len(transport.requests) == 3
+    assert len(set(_sent(transport, "x-request-id"))) == 1

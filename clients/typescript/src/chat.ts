@@ -60,8 +60,9 @@ function isMessageArray(
 function toChatMessage(message: HistoryMessage): ChatMessage {
   const { content } = message;
   // Widened on purpose: a newer server may send roles this spec version does
-  // not list (a `system` summary first, API.md v1.1). Known ones pass, others
-  // fail here rather than inside the model provider's API.
+  // not list. Known ones pass (a `system` message is the summary of a
+  // `summary: true` history), others fail here rather than inside the model
+  // provider's API.
   const role: string = message.role;
   switch (role) {
     case "system":

@@ -1,16 +1,25 @@
 import createClient, { type Client } from "openapi-fetch";
 import { TurnstoreError } from "./errors.js";
+import { exportedSessions } from "./export.js";
 import { type AttemptResult, type Delivered, type RetryPolicy, sendWithRetries } from "./retry.js";
 import type { paths } from "./schema.js";
 import type {
   EraseUserResponse,
+  ExportedSession,
+  FinalizeTurnBody,
   FinalizeTurnResponse,
   HistoryFor,
   HistoryOptions,
+  ImportBody,
+  ImportMessage,
+  ImportResponse,
   ListUserSessionsOptions,
+  PutSummaryBody,
   Session,
   StartTurnBody,
   StartTurnResponse,
+  Summary,
+  TextHistoryOptions,
   UserSession,
   UserSessionsPage,
 } from "./types.js";
@@ -43,6 +52,8 @@ export interface CallOptions {
 
 export interface StartTurnInput<O extends HistoryOptions | undefined = HistoryOptions | undefined> {
   userQuery: string;
+  /** An English copy of the question, for a pipeline that translates; `lang: "en"` histories render it. */
+  userQueryEn?: string | undefined;
   /** Omit for a new session: the client then makes its id (a UUID), so that retries stay safe. */
   sessionId?: string | undefined;
   /** The session's owner; a session belongs to the first user it is started with. */
@@ -60,6 +71,12 @@ export type StartedTurn<O> = Omit<StartTurnResponse, "history"> & {
   replayed: boolean;
   history: O extends HistoryOptions ? HistoryFor<O> : undefined;
 };
+
+/** A final answer with its English copy (`lang: "en"` histories render the copy). */
+export interface FinalAnswer {
+  finalAnswer: string;
+  finalAnswerEn?: string | undefined;
+}
 
 /** The `text` rendering of a history, as `Accept: text/plain` returns it. */
 export interface HistoryText {
@@ -83,6 +100,37 @@ export interface ErasedUser extends EraseUserResponse {
 /** What `turn()` hands the generation callback. */
 export type TurnContext<O> = StartedTurn<O> & { userQuery: string };
 
+export interface PutSummaryInput {
+  /** The summary of every turn with `seq <= throughSeq`: not empty, at most `TURNSTORE_MAX_SUMMARY_BYTES`. */
+  summary: string;
+  /** At least 1, at most the newest finalized turn's `seq` (422), never below the stored summary's (409). */
+  throughSeq: number;
+  /** Write only if the stored summary covers exactly this far (0: there is none yet), else 409
+   * `summary_conflict`: the compare-and-set that keeps two summarizers from overwriting each other. */
+  expectedThroughSeq?: number | undefined;
+  /** Checked against the session's owner (403 `session_owner_mismatch`); does not claim the session. */
+  userId?: string | undefined;
+}
+
+export interface ImportInput {
+  /** Oldest first: each user message followed by its assistant message becomes one turn. */
+  messages: readonly ImportMessage[];
+  /** The session's owner, as in a start: the first claims it, another is a 403. */
+  userId?: string | undefined;
+}
+
+export interface ImportOptions {
+  /** Reuse one key to make an import you repeat yourself idempotent (e.g. after a crash);
+   * by default each call gets a fresh one, reused only across its own retries. */
+  idempotencyKey?: string | undefined;
+}
+
+/** An import's result. */
+export type ImportResult = ImportResponse & {
+  /** True when the key's earlier import answered (`Idempotent-Replayed: true`): nothing new was written. */
+  replayed: boolean;
+};
+
 const DEFAULTS = {
   maxRetries: 3,
   timeoutMs: 10_000,
@@ -90,14 +138,12 @@ const DEFAULTS = {
   retryMaxDelayMs: 5_000,
 } as const;
 
-/** History options of the text/plain rendering, which has one format. */
-type TextHistoryOptions = Omit<HistoryOptions, "format">;
-
 /**
  * A typed client of the turnstore HTTP API. Every call is retried on network
  * errors, timeouts and 502/503/504 (all of them are safe to repeat: starts
- * carry an Idempotency-Key), and every failure is a `TurnstoreError`, except
- * a cancellation through `CallOptions.signal`, which throws the signal's reason.
+ * and imports carry an Idempotency-Key), and every failure is a
+ * `TurnstoreError`, except a cancellation through `CallOptions.signal`, which
+ * throws the signal's reason.
  */
 export class TurnstoreClient {
   readonly #api: Client<paths>;
@@ -139,6 +185,7 @@ export class TurnstoreClient {
       user_query: input.userQuery,
     };
     if (input.userId !== undefined) body.user_id = input.userId;
+    if (input.userQueryEn !== undefined) body.user_query_en = input.userQueryEn;
     if (input.history !== undefined) body.history = input.history;
     const { data, response } = await this.#send("POST /v1/turns", call, (signal, headers) =>
       this.#api.POST("/v1/turns", {
@@ -158,19 +205,23 @@ export class TurnstoreClient {
   }
 
   /**
-   * Finalizes a turn with its answer. Retrying with the same answer returns
-   * the same turn, so this is retried like a read.
+   * Finalizes a turn with its answer: a string, or `{ finalAnswer,
+   * finalAnswerEn }` to keep an English copy too. Retrying with the same
+   * answer (and copy) returns the same turn, so this is retried like a read.
    */
   async finalizeTurn(
     sessionId: string,
     turnId: string,
-    finalAnswer: string,
+    answer: string | FinalAnswer,
     call?: CallOptions,
   ): Promise<FinalizeTurnResponse> {
+    const body: FinalizeTurnBody =
+      typeof answer === "string" ? { final_answer: answer } : { final_answer: answer.finalAnswer };
+    if (typeof answer !== "string" && answer.finalAnswerEn !== undefined) body.final_answer_en = answer.finalAnswerEn;
     const { data, response } = await this.#send("POST finalize", call, (signal, headers) =>
       this.#api.POST("/v1/sessions/{session_id}/turns/{turn_id}/finalize", {
         params: { path: { session_id: sessionId, turn_id: turnId } },
-        body: { final_answer: finalAnswer },
+        body,
         headers,
         signal,
       }),
@@ -199,7 +250,10 @@ export class TurnstoreClient {
 
   /**
    * Reads the history (`GET .../history`). The result's type follows
-   * `options.format`: `rendered` for text (the default), `messages`, `turns`.
+   * `options.format`: `rendered` for text (the default, and with a
+   * `template`), `messages`, `turns`. Every history has `unsummarized`.
+   * An unknown `template` is a 404 `template_not_found`, one that fails while
+   * rendering a 422 `template_error`.
    */
   async getHistory<O extends HistoryOptions = Record<never, never>>(
     sessionId: string,
@@ -223,7 +277,7 @@ export class TurnstoreClient {
     options?: TextHistoryOptions,
     call?: CallOptions,
   ): Promise<HistoryText> {
-    const query: HistoryOptions = { ...options };
+    const query: TextHistoryOptions = { ...options };
     const { data, response } = await this.#send("GET history (text)", call, (signal, headers) =>
       this.#api.GET("/v1/sessions/{session_id}/history", {
         params: { path: { session_id: sessionId }, query },
@@ -262,6 +316,154 @@ export class TurnstoreClient {
         signal,
       }),
     );
+  }
+
+  /**
+   * The session's summary. A session without one (or no live session) is a
+   * 404 `summary_not_found`, thrown as a TurnstoreError, as `getSession`
+   * throws its 404.
+   */
+  async getSummary(sessionId: string, call?: CallOptions): Promise<Summary> {
+    const { data, response } = await this.#send("GET summary", call, (signal, headers) =>
+      this.#api.GET("/v1/sessions/{session_id}/summary", {
+        params: { path: { session_id: sessionId } },
+        headers,
+        signal,
+      }),
+    );
+    return required(data, response);
+  }
+
+  /**
+   * Writes the session's rolling summary (`PUT .../summary`). With
+   * `expectedThroughSeq` it is a compare-and-set: a 409 `summary_conflict`
+   * when the stored summary covers another range (read again, fold what is
+   * left, write again). A retry whose first attempt was written but its reply
+   * lost is answered 409 too; the client then reads the summary, and returns
+   * it when it is this very write.
+   */
+  async putSummary(sessionId: string, input: PutSummaryInput, call?: CallOptions): Promise<Summary> {
+    const body: PutSummaryBody = { summary: input.summary, through_seq: input.throughSeq };
+    if (input.expectedThroughSeq !== undefined) body.expected_through_seq = input.expectedThroughSeq;
+    if (input.userId !== undefined) body.user_id = input.userId;
+    try {
+      const { data, response } = await this.#send("PUT summary", call, (signal, headers) =>
+        this.#api.PUT("/v1/sessions/{session_id}/summary", {
+          params: { path: { session_id: sessionId } },
+          body,
+          headers,
+          signal,
+        }),
+      );
+      return required(data, response);
+    } catch (error) {
+      if (error instanceof TurnstoreError && error.code === "summary_conflict" && error.attempts > 1) {
+        const stored = await this.getSummary(sessionId, call).catch(() => undefined);
+        if (stored?.summary === input.summary && stored.through_seq === input.throughSeq) return stored;
+      }
+      throw error;
+    }
+  }
+
+  /** Deletes the session's summary; done when it has none too. */
+  async deleteSummary(sessionId: string, call?: CallOptions): Promise<void> {
+    await this.#send("DELETE summary", call, (signal, headers) =>
+      this.#api.DELETE("/v1/sessions/{session_id}/summary", {
+        params: { path: { session_id: sessionId } },
+        headers,
+        signal,
+      }),
+    );
+  }
+
+  /**
+   * Appends a transcript made elsewhere as finalized turns (`POST
+   * .../import`), all or nothing. Safe to retry: the call sends one
+   * Idempotency-Key on all its attempts, so a retry after a lost reply
+   * returns the first import's result with `replayed: true`. Invalid
+   * messages are a 422 whose `errors` name them (`messages[3].role`).
+   */
+  async importMessages(
+    sessionId: string,
+    input: ImportInput,
+    options?: ImportOptions,
+    call?: CallOptions,
+  ): Promise<ImportResult> {
+    const idempotencyKey = options?.idempotencyKey ?? crypto.randomUUID();
+    const body: ImportBody = { messages: [...input.messages] };
+    if (input.userId !== undefined) body.user_id = input.userId;
+    const { data, response } = await this.#send("POST import", call, (signal, headers) =>
+      this.#api.POST("/v1/sessions/{session_id}/import", {
+        params: { path: { session_id: sessionId }, header: { "Idempotency-Key": idempotencyKey } },
+        body,
+        headers,
+        signal,
+      }),
+    );
+    return {
+      ...required(data, response),
+      replayed: response.headers.get("idempotent-replayed") === "true",
+    };
+  }
+
+  /**
+   * Every live session of a user with its summary and finalized turns
+   * (`GET /v1/users/{id}/export`), in the order of the sessions list, one
+   * session at a time as the NDJSON stream arrives: memory holds one line,
+   * never the whole export. The request is retried like any read until its
+   * status arrives, not after: an export that breaks off (a reset connection,
+   * a body ending inside a line, which is how the server cuts an export on a
+   * store failure or at its `TURNSTORE_EXPORT_TIMEOUT`, or no data for
+   * `timeoutMs` while reading) throws a TurnstoreError `export_incomplete`
+   * after the whole sessions before it. `timeoutMs` bounds the wait for the
+   * status and each wait for more data, not the whole export; stopping the
+   * iteration early closes the connection.
+   */
+  async *exportUser(userId: string, call?: CallOptions): AsyncGenerator<ExportedSession, void, undefined> {
+    const label = `GET /v1/users/${userId}/export`;
+    // Each attempt gets its own controller: the attempt's timeout bounds the
+    // wait for the status, and must not abort the body that follows it.
+    let connection: AbortController | undefined;
+    const { data, response } = await this.#send("GET export", call, async (signal, headers) => {
+      const controller = new AbortController();
+      connection = controller;
+      const forward = (): void => controller.abort(signal.reason);
+      if (signal.aborted) forward();
+      signal.addEventListener("abort", forward, { once: true });
+      try {
+        return await this.#api.GET("/v1/users/{user_id}/export", {
+          params: { path: { user_id: userId } },
+          headers: { ...headers, Accept: "application/x-ndjson" },
+          parseAs: "stream",
+          signal: controller.signal,
+        });
+      } finally {
+        signal.removeEventListener("abort", forward);
+      }
+    });
+    const contentType = response.headers.get("content-type") ?? "";
+    if (!/^application\/x-ndjson\s*(;|$)/i.test(contentType)) {
+      await response.body?.cancel().catch(() => undefined);
+      throw unexpected(response, `an export of content type ${JSON.stringify(contentType)}, not application/x-ndjson`);
+    }
+    // No body at all (Content-Length: 0) is the empty export, complete.
+    if (data === undefined || data === null) return;
+    const open = connection;
+    const abort = (reason: unknown): void => open?.abort(reason);
+    const onCallerAbort = (): void => abort(call?.signal?.reason);
+    call?.signal?.addEventListener("abort", onCallerAbort, { once: true });
+    if (call?.signal?.aborted) onCallerAbort();
+    try {
+      yield* exportedSessions(data, {
+        response,
+        label,
+        idleTimeoutMs: this.#policy.timeoutMs,
+        abort,
+        signal: call?.signal,
+      });
+    } finally {
+      call?.signal?.removeEventListener("abort", onCallerAbort);
+    }
   }
 
   /**
@@ -329,7 +531,8 @@ export class TurnstoreClient {
   /**
    * One RAG request: starts the turn (with `input.history`, available to
    * `generate` as `turn.history`), runs `generate`, and finalizes the turn
-   * with the answer it returns. If `generate` throws, the turn is aborted
+   * with the answer it returns (a string, or `{ finalAnswer, finalAnswerEn }`).
+   * If `generate` throws, the turn is aborted
    * and the error rethrown as is. If the server rejects the answer (422
    * empty, 413 too large) the turn is aborted too, since nothing was written;
    * after any other finalize failure it is left alone (it may have been
@@ -338,14 +541,14 @@ export class TurnstoreClient {
    */
   async turn<O extends HistoryOptions | undefined = undefined>(
     input: StartTurnInput<O>,
-    generate: (turn: TurnContext<O>) => Promise<string> | string,
+    generate: (turn: TurnContext<O>) => Promise<string | FinalAnswer> | string | FinalAnswer,
     call?: CallOptions,
   ): Promise<FinalizeTurnResponse> {
     const started = await this.startTurn(input, call);
     // Cleanup must not be cancelled by the caller's signal, which may be the
     // very reason the callback threw.
     const cleanup: CallOptions = { requestId: call?.requestId };
-    let answer: string;
+    let answer: string | FinalAnswer;
     try {
       answer = await generate({ ...started, userQuery: input.userQuery });
     } catch (error) {

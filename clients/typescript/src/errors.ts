@@ -11,7 +11,12 @@ export type ClientErrorCode =
   | "timeout"
   /** A response that is not what the contract promises: an error without a
    * problem document (a proxy's HTML 502), or a success without its body. */
-  | "unexpected_response";
+  | "unexpected_response"
+  /** An export whose stream ended before its end: the connection broke, or
+   * the body ended without its last line's newline (the server cuts an export
+   * so on a store failure or at `TURNSTORE_EXPORT_TIMEOUT`). `status` is the
+   * export's (200): the sessions already yielded are whole, the rest is missing. */
+  | "export_incomplete";
 
 /**
  * A server problem `code` (see API.md) or one of the client's own. `string & {}`

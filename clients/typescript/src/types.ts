@@ -6,6 +6,7 @@ import type { paths } from "./schema.js";
 
 type JsonBody<R> = R extends { content: { "application/json": infer T } } ? T : never;
 type ProblemBody<R> = R extends { content: { "application/problem+json": infer T } } ? T : never;
+type NdjsonLine<R> = R extends { content: { "application/x-ndjson": infer T } } ? T : never;
 
 type StartTurnOp = paths["/v1/turns"]["post"];
 type FinalizeTurnOp = paths["/v1/sessions/{session_id}/turns/{turn_id}/finalize"]["post"];
@@ -13,22 +14,65 @@ type GetHistoryOp = paths["/v1/sessions/{session_id}/history"]["get"];
 type GetSessionOp = paths["/v1/sessions/{session_id}"]["get"];
 type ListUserSessionsOp = paths["/v1/users/{user_id}/sessions"]["get"];
 type EraseUserOp = paths["/v1/users/{user_id}"]["delete"];
+type GetSummaryOp = paths["/v1/sessions/{session_id}/summary"]["get"];
+type PutSummaryOp = paths["/v1/sessions/{session_id}/summary"]["put"];
+type ImportOp = paths["/v1/sessions/{session_id}/import"]["post"];
+type ExportOp = paths["/v1/users/{user_id}/export"]["get"];
 
 /** The JSON body of `POST /v1/turns`, as sent on the wire. */
 export type StartTurnBody = StartTurnOp["requestBody"]["content"]["application/json"];
 /** The reply to a start (201, or 200 for a replay). */
 export type StartTurnResponse = JsonBody<StartTurnOp["responses"][201]>;
+/** The JSON body of a finalize, as sent on the wire. */
+export type FinalizeTurnBody = FinalizeTurnOp["requestBody"]["content"]["application/json"];
 export type FinalizeTurnResponse = JsonBody<FinalizeTurnOp["responses"][200]>;
+/** A finalized turn; `user_query_en` / `final_answer_en` when it has English copies. */
 export type Turn = FinalizeTurnResponse["turn"];
+
+/** The query parameters of get_history, as the spec states them. */
+type HistoryQuery = NonNullable<GetHistoryOp["parameters"]["query"]>;
 
 /**
  * How to select and render a history: the query parameters of get_history,
- * also accepted as a start's `history` (same names, same rules).
+ * also accepted as a start's `history` (same names, same rules). A
+ * `template` renders text only, so it admits no other `format` (the server
+ * answers 422 to one).
  */
-export type HistoryOptions = NonNullable<GetHistoryOp["parameters"]["query"]>;
+export type HistoryOptions =
+  | (Omit<HistoryQuery, "template"> & { template?: never })
+  | (Omit<HistoryQuery, "template" | "format"> & {
+      /** Render with this template (built-ins `xml`, `markdown`; others from the
+       * server's `TURNSTORE_TEMPLATES_DIR`) instead of the `text` format. */
+      template: string;
+      format?: "text";
+    });
+/** History options of the text/plain rendering, which has one format. */
+export type TextHistoryOptions = Omit<HistoryQuery, "format">;
 export type HistoryResponse = JsonBody<GetHistoryOp["responses"][200]>;
 export type HistoryFormat = HistoryResponse["format"];
 export type HistoryMessage = NonNullable<HistoryResponse["messages"]>[number];
+/** The language of a rendering (`lang`): `en` for the English copies. */
+export type HistoryLanguage = NonNullable<HistoryQuery["lang"]>;
+/**
+ * The finalized turns a history neither returns nor covers with its summary
+ * (`HistoryResponse["unsummarized"]` when not null): what to fold next.
+ */
+export type Unsummarized = NonNullable<HistoryResponse["unsummarized"]>;
+
+/** A session's rolling summary. */
+export type Summary = JsonBody<GetSummaryOp["responses"][200]>;
+/** The JSON body of `PUT .../summary`, as sent on the wire. */
+export type PutSummaryBody = PutSummaryOp["requestBody"]["content"]["application/json"];
+
+/** The JSON body of `POST .../import`, as sent on the wire. */
+export type ImportBody = ImportOp["requestBody"]["content"]["application/json"];
+/** One message of an imported transcript (`user` or `assistant`). */
+export type ImportMessage = ImportBody["messages"][number];
+/** The reply to an import (201, or 200 for a replay). */
+export type ImportResponse = JsonBody<ImportOp["responses"][201]>;
+
+/** One line of a user's export: a session, its summary, its finalized turns oldest first. */
+export type ExportedSession = NdjsonLine<ExportOp["responses"][200]>;
 
 export type Session = JsonBody<GetSessionOp["responses"][200]>;
 export type ListUserSessionsOptions = NonNullable<ListUserSessionsOp["parameters"]["query"]>;
@@ -43,12 +87,20 @@ export type FieldError = NonNullable<Problem["errors"]>[number];
 /**
  * A history response narrowed by the format it was asked for: the server
  * returns exactly one of `rendered`, `messages`, `turns` (API.md), and `text`
- * when no format is given.
+ * when no format is given (a `template` renders into `rendered` too). A
+ * `turns` history read with `summary: true` also has `summary` when the
+ * session has one and it fit the budget.
  */
 export type HistoryFor<O> = O extends { format: "messages" }
   ? HistoryResponse & { format: "messages"; messages: HistoryMessage[] }
   : O extends { format: "turns" }
     ? HistoryResponse & { format: "turns"; turns: Turn[] }
-    : O extends { format: "text" } | { format?: undefined }
-      ? HistoryResponse & { format: "text"; rendered: string }
-      : HistoryResponse;
+    : // Options without `format` at all ({ limit: 1 }) are text too; a check
+      // against { format?: undefined } alone would miss them (TypeScript's
+      // weak-type rule: no common property, so no match).
+      "format" extends keyof O
+      ? O extends { format?: "text" | undefined }
+        ? TextHistory
+        : HistoryResponse
+      : TextHistory;
+type TextHistory = HistoryResponse & { format: "text"; rendered: string };

@@ -13,6 +13,7 @@ const history = (fields: Partial<HistoryResponse>): HistoryResponse => ({
   omitted_turns: 0,
   pending_turns: 0,
   stopped_by: null,
+  unsummarized: null,
   ...fields,
 });
 

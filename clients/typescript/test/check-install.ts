@@ -58,14 +58,22 @@ export async function seqs(sessionId: string): Promise<number[]> {
 }
 `;
 
-/** The TypeScript block of README.md's "A RAG request" section. */
-function readmeExample(): string {
+/** README.md's sections whose first ```ts block is a whole module a consumer could copy. */
+const README_EXAMPLES = ["A RAG request", "Translations", "Rolling summaries", "Templates", "Import and export"];
+
+/** Those blocks, by file name. */
+function readmeExamples(): Map<string, string> {
   const readme = readFileSync(join(packageDir, "README.md"), "utf8");
-  const section = readme.split("\n## A RAG request\n")[1] ?? "";
-  const block = /```ts\n([\s\S]*?)```/.exec(section)?.[1];
-  assert.ok(block, "README.md has no ```ts block under ## A RAG request");
-  // The example reads its key from the environment, as an app would.
-  return `declare const process: { env: Record<string, string | undefined> };\n${block}`;
+  const files = new Map<string, string>();
+  for (const section of README_EXAMPLES) {
+    const body = readme.split(`\n## ${section}\n`)[1]?.split("\n## ")[0] ?? "";
+    const block = /```ts\n([\s\S]*?)```/.exec(body)?.[1];
+    assert.ok(block, `README.md has no \`\`\`ts block under ## ${section}`);
+    // The examples read their key from the environment, as an app would.
+    const name = `readme-${section.toLowerCase().replace(/\W+/g, "-")}.ts`;
+    files.set(name, `declare const process: { env: Record<string, string | undefined> };\n${block}`);
+  }
+  return files;
 }
 
 async function main(): Promise<void> {
@@ -100,14 +108,15 @@ async function main(): Promise<void> {
   writeFileSync(join(consumer, "smoke.cjs"), CJS_SMOKE);
   assert.equal(run(process.execPath, ["smoke.cjs"], consumer).trim(), "function");
 
-  // 4. Its types resolve for a TypeScript consumer, and the README's example compiles.
+  // 4. Its types resolve for a TypeScript consumer, and the README's examples compile.
   writeFileSync(join(consumer, "smoke.ts"), TS_SMOKE);
-  writeFileSync(join(consumer, "readme.ts"), readmeExample());
+  const examples = readmeExamples();
+  for (const [name, text] of examples) writeFileSync(join(consumer, name), text);
   const tsc = join(checkout, "node_modules", "typescript", "bin", "tsc");
   run(
     process.execPath,
     [tsc, "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022",
-      "smoke.ts", "readme.ts"],
+      "smoke.ts", ...examples.keys()],
     consumer,
   );
 }

@@ -1,10 +1,10 @@
 import { startRedis, startTurnstore } from "./support/processes.js";
-import { SUITE_SERVER_ENV, clientSuite } from "./support/suite.js";
+import { clientSuite } from "./support/suite.js";
 
-clientSuite("redis", async () => {
+clientSuite("redis", async (env) => {
   const redis = await startRedis();
   try {
-    const server = await startTurnstore({ ...SUITE_SERVER_ENV, TURNSTORE_REDIS_URL: redis.url });
+    const server = await startTurnstore({ ...env, TURNSTORE_REDIS_URL: redis.url });
     return {
       baseUrl: server.baseUrl,
       stop: async () => {

@@ -1,7 +1,17 @@
 // Compile-time checks (never run): `npm run build:test` fails if one breaks.
 // They pin the typing promises of the public API.
 import type OpenAI from "openai";
-import { type HistoryResponse, TurnstoreClient, chatMessages } from "turnstore-client";
+import {
+  type ExportedSession,
+  type HistoryFormat,
+  type HistoryResponse,
+  type ImportResult,
+  type Summary,
+  TurnstoreClient,
+  TurnstoreError,
+  type Unsummarized,
+  chatMessages,
+} from "turnstore-client";
 
 export async function typeChecks(client: TurnstoreClient): Promise<void> {
   // chatMessages is accepted as-is by the openai package.
@@ -19,6 +29,13 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   // @ts-expect-error a messages history has no guaranteed `rendered`
   const notRendered: string = asMessages.rendered;
   void notRendered;
+  // Options without `format` are a text history too.
+  const limited: string = (await client.getHistory("s", { limit: 5, keep_first: true })).rendered;
+  void limited;
+  const someFormat = "turns" as HistoryFormat;
+  // @ts-expect-error a history of a format not known statically has no guaranteed `rendered`
+  const unknownFormat: string = (await client.getHistory("s", { format: someFormat })).rendered;
+  void unknownFormat;
 
   // A start without `history` has none; with it, it has the format's field.
   const bare = await client.startTurn({ userQuery: "q" });
@@ -32,4 +49,68 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   await client.getHistoryText("s", { format: "messages" });
   // @ts-expect-error an unknown history option
   await client.getHistory("s", { max_token: 10 });
+
+  // v1.1 history options: a template renders text, into `rendered`.
+  const templated = await client.getHistory("s", { template: "xml", summary: true, lang: "en" });
+  const xml: string = templated.rendered;
+  const templatedText = await client.getHistoryText("s", { template: "markdown" });
+  void [xml, templatedText];
+  // @ts-expect-error a template renders text only
+  await client.getHistory("s", { template: "xml", format: "turns" });
+  // @ts-expect-error only "en" is a language
+  await client.getHistory("s", { lang: "de" });
+  // Every history has `unsummarized`; a turns history may carry the summary; turns their English copies.
+  const left: Unsummarized | null = asTurns.unsummarized;
+  const tokens: number | null | undefined = left?.tokens;
+  const summaryOfTurns: Summary | undefined = asTurns.summary;
+  const english: string | undefined = asTurns.turns[0]?.user_query_en;
+  void [tokens, summaryOfTurns, english];
+
+  // English copies on a start, a finalize, and the answer `turn()` takes.
+  await client.startTurn({ userQuery: "Frage", userQueryEn: "Question" });
+  await client.finalizeTurn("s", "t", { finalAnswer: "Antwort", finalAnswerEn: "Answer" });
+  await client.turn({ userQuery: "q" }, () => ({ finalAnswer: "a", finalAnswerEn: "a" }));
+  // @ts-expect-error the answer is required
+  await client.finalizeTurn("s", "t", { finalAnswerEn: "Answer" });
+
+  // Summaries.
+  const written: Summary = await client.putSummary("s", { summary: "x", throughSeq: 2, expectedThroughSeq: 0 });
+  const read: Summary = await client.getSummary("s");
+  const deleted: void = await client.deleteSummary("s");
+  void [written, read, deleted];
+  // @ts-expect-error throughSeq is required
+  await client.putSummary("s", { summary: "x" });
+  // @ts-expect-error the wire name is not the client's
+  await client.putSummary("s", { summary: "x", through_seq: 2 });
+
+  // Import: user and assistant messages only.
+  const imported: ImportResult = await client.importMessages(
+    "s",
+    { messages: [{ role: "user", content: "q" }, { role: "assistant", content: "a" }], userId: "u" },
+    { idempotencyKey: "k" },
+  );
+  const replayed: boolean = imported.replayed;
+  const lastSeq: number = imported.last_seq;
+  void [replayed, lastSeq];
+  // @ts-expect-error a transcript has no system messages
+  await client.importMessages("s", { messages: [{ role: "system", content: "x" }] });
+
+  // Export: an async iterable of sessions, cancellable.
+  const exported: AsyncIterable<ExportedSession> = client.exportUser("u", { signal: AbortSignal.timeout(1_000) });
+  for await (const session of exported) {
+    const turns: number = session.turns.length;
+    const summary: string | undefined = session.summary?.summary;
+    void [turns, summary];
+  }
+
+  // The new problem codes and the client's own complete as literals.
+  const error = new TurnstoreError({ status: 409, code: "summary_conflict", title: "t", detail: "d" });
+  const codes: boolean[] = [
+    error.code === "summary_conflict",
+    error.code === "summary_not_found",
+    error.code === "template_not_found",
+    error.code === "template_error",
+    error.code === "export_incomplete",
+  ];
+  void codes;
 }

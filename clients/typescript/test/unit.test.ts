@@ -1,7 +1,7 @@
 // Client behaviour that needs no server.
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { TurnstoreClient, TurnstoreError, backoffDelay } from "turnstore-client";
+import { type ExportedSession, TurnstoreClient, TurnstoreError, backoffDelay } from "turnstore-client";
 
 describe("backoffDelay", () => {
   const policy = { baseDelayMs: 100, maxDelayMs: 1_000 };
@@ -49,5 +49,81 @@ describe("TurnstoreError.fromResponse", () => {
     assert.equal(error.requestId, "r-1");
     assert.deepEqual(error.errors, [{ field: "x", message: "y" }]);
     assert.match(error.message, /429 too_many_pending_turns: the session holds 64 pending turns/);
+  });
+});
+
+describe("exportUser's NDJSON reading", () => {
+  /** A client whose every request is answered by `respond`. */
+  const answering = (respond: () => Response): TurnstoreClient =>
+    new TurnstoreClient({ baseUrl: "http://turnstore.test", fetch: async () => respond(), maxRetries: 0 });
+  const ndjson = (body: ReadableStream<Uint8Array> | string | null, headers: Record<string, string> = {}): Response =>
+    new Response(body, { headers: { "content-type": "application/x-ndjson", ...headers } });
+  const session = (n: number): ExportedSession => ({
+    session_id: `s-${n}`,
+    created_at: "2026-11-25T10:15:30.123Z",
+    last_active_at: "2026-11-25T10:15:30.123Z",
+    turns: [],
+    summary: { summary: `Grüße ✓ 🌍 ${n}`, through_seq: n, token_count: 3, updated_at: "2026-11-25T10:15:30.123Z" },
+  });
+  const drain = async (sessions: AsyncIterable<ExportedSession>): Promise<ExportedSession[]> => {
+    const seen: ExportedSession[] = [];
+    for await (const s of sessions) seen.push(s);
+    return seen;
+  };
+
+  it("splits lines however the bytes are chunked, multi-byte characters and CRLF included", async () => {
+    const expected = [session(1), session(2), session(3)];
+    const bytes = new TextEncoder().encode(
+      `${JSON.stringify(expected[0])}\n${JSON.stringify(expected[1])}\r\n${JSON.stringify(expected[2])}\n`,
+    );
+    for (const size of [1, 2, 3, 7, 64, bytes.length]) {
+      let offset = 0;
+      const body = new ReadableStream<Uint8Array>({
+        pull(controller) {
+          if (offset >= bytes.length) {
+            controller.close();
+            return;
+          }
+          controller.enqueue(bytes.slice(offset, offset + size));
+          offset += size;
+        },
+      });
+      assert.deepEqual(await drain(answering(() => ndjson(body)).exportUser("u")), expected, `chunks of ${size}`);
+    }
+  });
+
+  it("reads the body as it is consumed, and releases it when the consumer stops early", async () => {
+    let pulls = 0;
+    let cancelled = false;
+    // An endless export: only a reader that never buffers the whole body can get through it.
+    const body = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        pulls += 1;
+        controller.enqueue(new TextEncoder().encode(`${JSON.stringify(session(pulls))}\n`));
+      },
+      cancel() {
+        cancelled = true;
+      },
+    });
+    const seen: string[] = [];
+    for await (const s of answering(() => ndjson(body)).exportUser("u")) {
+      seen.push(s.session_id);
+      if (seen.length === 3) break;
+    }
+    assert.deepEqual(seen, ["s-1", "s-2", "s-3"]);
+    assert.ok(pulls < 10, `${pulls} chunks pulled for 3 sessions`);
+    assert.equal(cancelled, true);
+  });
+
+  it("takes an empty body as the empty export, and refuses another content type", async () => {
+    assert.deepEqual(await drain(answering(() => ndjson(null, { "content-length": "0" })).exportUser("u")), []);
+    assert.deepEqual(await drain(answering(() => ndjson("")).exportUser("u")), []);
+    const html = answering(() => new Response("<h1>Hello</h1>", { headers: { "content-type": "text/html" } }));
+    await assert.rejects(drain(html.exportUser("u")), (error) => {
+      assert.ok(error instanceof TurnstoreError);
+      assert.equal(error.code, "unexpected_response");
+      assert.match(error.detail, /text\/html/);
+      return true;
+    });
   });
 });

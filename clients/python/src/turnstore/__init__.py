@@ -13,7 +13,7 @@ finalize it with the answer, or abort it when the pipeline fails::
 
 :class:`Client` is synchronous, :class:`AsyncClient` the same API awaited.
 Errors are :class:`TurnstoreError` subclasses; transient failures are
-retried, starts included (see :class:`RetryPolicy`). The LangChain
+retried, starts and imports included (see :class:`RetryPolicy`). The LangChain
 integration is in :mod:`turnstore.langchain` (``pip install 'turnstore[langchain]'``).
 """
 
@@ -24,28 +24,36 @@ from .client import Client
 from .errors import (
     ConflictError,
     ConnectionFailedError,
+    ExportInterruptedError,
     FieldError,
     ForbiddenError,
     NotFoundError,
     PayloadTooLargeError,
     ServerError,
+    SummaryConflictError,
     TooManyRequestsError,
     TurnstoreError,
     UnauthorizedError,
     UnavailableError,
     ValidationError,
 )
+from .export import AsyncExportStream, ExportStream
 from .messages import Message, Role, build_chat_messages
 from .models import (
     Erasure,
+    ExportedSession,
     History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
+    ImportResult,
+    Language,
     Session,
     StartedTurn,
     StopReason,
+    Summary,
     Turn,
+    Unsummarized,
     UserSession,
     UserSessionsPage,
 )
@@ -53,17 +61,23 @@ from .turn import AsyncTurnContext, TurnContext
 
 __all__ = [
     "AsyncClient",
+    "AsyncExportStream",
     "AsyncTurnContext",
     "Client",
     "ConflictError",
     "ConnectionFailedError",
     "Erasure",
+    "ExportInterruptedError",
+    "ExportStream",
+    "ExportedSession",
     "FieldError",
     "ForbiddenError",
     "History",
     "HistoryFormat",
     "HistoryOptions",
     "HistoryText",
+    "ImportResult",
+    "Language",
     "Message",
     "NotFoundError",
     "PayloadTooLargeError",
@@ -73,12 +87,15 @@ __all__ = [
     "Session",
     "StartedTurn",
     "StopReason",
+    "Summary",
+    "SummaryConflictError",
     "TooManyRequestsError",
     "Turn",
     "TurnContext",
     "TurnstoreError",
     "UnauthorizedError",
     "UnavailableError",
+    "Unsummarized",
     "UserSession",
     "UserSessionsPage",
     "ValidationError",

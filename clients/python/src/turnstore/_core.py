@@ -11,19 +11,39 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    TypeVar,
+    Union,
+)
 from urllib.parse import quote
 
 import httpx
 
 from .errors import (
     ConnectionFailedError,
+    ExportInterruptedError,
     FieldError,
     TurnstoreError,
     error_class_for,
 )
-from .models import HistoryFormat, HistoryOptions, HistoryText
+from .models import (
+    ExportedSession,
+    HistoryFormat,
+    HistoryOptions,
+    HistoryText,
+    Language,
+    Summary,
+)
 
 __all__ = ["Call", "RetryPolicy"]
 
@@ -207,7 +227,7 @@ def error_from_response(response: httpx.Response, request_id: str) -> TurnstoreE
                 errors.append(FieldError(str(item.get("field", "")), str(item.get("message", ""))))
     if not isinstance(detail, str):
         detail = "" if problem else response.text[:500]
-    cls = error_class_for(status)
+    cls = error_class_for(status, code if isinstance(code, str) else None)
     return cls(
         status,
         code if isinstance(code, str) else f"http_{status}",
@@ -266,6 +286,7 @@ def start_call(
     user_id: Optional[str],
     history: Optional[HistoryOptions],
     idempotency_key: Optional[str],
+    user_query_en: Optional[str] = None,
 ) -> Call:
     """A retry-safe start: the server only recognises a retried start by its
     Idempotency-Key, and only with a session id in the body, so both are
@@ -276,17 +297,24 @@ def start_call(
     }
     if user_id is not None:
         body["user_id"] = user_id
+    if user_query_en is not None:
+        body["user_query_en"] = user_query_en
     if history is not None:
         body["history"] = history.to_json()
     key = idempotency_key if idempotency_key is not None else new_id()
     return Call("POST", "/v1/turns", json_body=body, headers={"Idempotency-Key": key})
 
 
-def finalize_call(session_id: str, turn_id: str, final_answer: str) -> Call:
+def finalize_call(
+    session_id: str, turn_id: str, final_answer: str, final_answer_en: Optional[str] = None
+) -> Call:
+    body = {"final_answer": final_answer}
+    if final_answer_en is not None:
+        body["final_answer_en"] = final_answer_en
     return Call(
         "POST",
         f"/v1/sessions/{segment(session_id)}/turns/{segment(turn_id)}/finalize",
-        json_body={"final_answer": final_answer},
+        json_body=body,
     )
 
 
@@ -311,6 +339,9 @@ def history_options(
     keep_first: Optional[bool] = None,
     after_seq: Optional[int] = None,
     through_seq: Optional[int] = None,
+    lang: Optional[Language] = None,
+    summary: Optional[bool] = None,
+    template: Optional[str] = None,
 ) -> HistoryOptions:
     """``options`` with the keyword arguments that are set taking precedence."""
     base = options if options is not None else HistoryOptions()
@@ -325,6 +356,9 @@ def history_options(
         "keep_first": keep_first,
         "after_seq": after_seq,
         "through_seq": through_seq,
+        "lang": lang,
+        "summary": summary,
+        "template": template,
     }
     merged = base.to_json()
     merged.update({k: v for k, v in overrides.items() if v is not None})
@@ -355,6 +389,168 @@ def user_sessions_call(user_id: str, limit: Optional[int], cursor: Optional[str]
 
 def erase_call(user_id: str) -> Call:
     return Call("DELETE", f"/v1/users/{segment(user_id)}")
+
+
+def summary_call(method: str, session_id: str) -> Call:
+    return Call(method, f"/v1/sessions/{segment(session_id)}/summary")
+
+
+def put_summary_call(
+    session_id: str,
+    summary: str,
+    through_seq: int,
+    expected_through_seq: Optional[int],
+    user_id: Optional[str],
+) -> Call:
+    body: Dict[str, Any] = {"summary": summary, "through_seq": through_seq}
+    if expected_through_seq is not None:
+        body["expected_through_seq"] = expected_through_seq
+    if user_id is not None:
+        body["user_id"] = user_id
+    return Call("PUT", f"/v1/sessions/{segment(session_id)}/summary", json_body=body)
+
+
+def import_call(
+    session_id: str,
+    messages: Iterable[Mapping[str, object]],
+    user_id: Optional[str],
+    idempotency_key: Optional[str],
+) -> Call:
+    """A retry-safe import: an Idempotency-Key (the caller's or a new one)
+    sent with every try, so a retried import answers what the first made.
+
+    The messages are sent as given (copied), not filtered: the server
+    checks every one and names each wrong one by its index."""
+    body: Dict[str, Any] = {"messages": [dict(m) for m in messages]}
+    if user_id is not None:
+        body["user_id"] = user_id
+    key = idempotency_key if idempotency_key is not None else new_id()
+    return Call(
+        "POST",
+        f"/v1/sessions/{segment(session_id)}/import",
+        json_body=body,
+        headers={"Idempotency-Key": key},
+    )
+
+
+def export_call(user_id: str) -> Call:
+    return Call("GET", f"/v1/users/{segment(user_id)}/export", accept="application/x-ndjson")
+
+
+def replayed(response: httpx.Response) -> bool:
+    """Whether the server answered with an earlier request's result (the
+    same Idempotency-Key and body)."""
+    value: str = response.headers.get("idempotent-replayed", "")
+    return value.lower() == "true"
+
+
+def is_written(stored: Optional[Summary], summary: str, through_seq: int) -> bool:
+    """Whether the stored summary is the one a write would have made: how a
+    retried compare-and-set write recognises its own lost success."""
+    return stored is not None and (stored.summary, stored.through_seq) == (summary, through_seq)
+
+
+# --- exports: NDJSON read as it arrives --------------------------------
+
+
+class NdjsonLines:
+    """Splits a byte stream into lines as the chunks arrive, holding only
+    the line being received (never the whole body), and tells whether the
+    stream ended in the middle of a line: the mark of a cut export."""
+
+    def __init__(self) -> None:
+        self._partial: List[bytes] = []
+
+    def feed(self, chunk: bytes) -> List[bytes]:
+        """The lines this chunk completes (without their newline)."""
+        lines: List[bytes] = []
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break
+            piece = chunk[start:end]
+            if self._partial:
+                self._partial.append(piece)
+                piece = b"".join(self._partial)
+                self._partial = []
+            lines.append(piece)
+            start = end + 1
+        if start < len(chunk):
+            self._partial.append(chunk[start:])
+        return lines
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes received of a line whose newline has not arrived."""
+        return sum(len(p) for p in self._partial)
+
+
+class ExportState:
+    """What the sync and async export streams share: the lines received and
+    not yet yielded, their parsing, and the errors of a cut stream."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.lines = NdjsonLines()
+        self.ready: Deque[bytes] = deque()
+        self.sessions = 0
+        self.status = 200
+        self.request_id = call.request_id
+
+    def started(self, response: httpx.Response) -> None:
+        self.status = response.status_code
+        self.request_id = response.headers.get("x-request-id", self.call.request_id)
+
+    def feed(self, chunk: bytes) -> None:
+        # Blank lines carry nothing (NDJSON readers skip them).
+        self.ready.extend(line for line in self.lines.feed(chunk) if line.strip())
+
+    def take(self) -> Optional[ExportedSession]:
+        """The next complete session received, or ``None`` for more bytes."""
+        if not self.ready:
+            return None
+        line = self.ready.popleft()
+        try:
+            session = ExportedSession.from_json(json.loads(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TurnstoreError(
+                self.status,
+                "invalid_response",
+                "Unexpected response",
+                f"line {self.sessions + 1} of {self.call.method} {self.call.path} is not "
+                f"an exported session ({type(exc).__name__}: {exc})",
+                request_id=self.request_id,
+            ) from exc
+        self.sessions += 1
+        return session
+
+    def end(self) -> None:
+        """The body ended: raises if it ended in the middle of a line."""
+        if self.lines.pending_bytes:
+            raise self._interrupted(
+                f"the export ended in the middle of a line ({self.lines.pending_bytes} bytes "
+                "without their newline)"
+            )
+
+    def broken(self, exc: Exception) -> ExportInterruptedError:
+        return self._interrupted(f"the connection broke during the export ({_reason(exc)})")
+
+    def _interrupted(self, what: str) -> ExportInterruptedError:
+        error = ExportInterruptedError(
+            self.status,
+            "export_interrupted",
+            "Export interrupted",
+            f"{what}, after {self.sessions} complete session(s): the server cuts an export "
+            "on a store failure or at TURNSTORE_EXPORT_TIMEOUT; export again",
+            request_id=self.request_id,
+        )
+        error.sessions = self.sessions
+        return error
+
+
+def _reason(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def history_text(response: httpx.Response, request_id: str) -> HistoryText:

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import time
 from types import TracebackType
-from typing import Iterator, Mapping, Optional, Type, Union
+from typing import Iterable, Iterator, Mapping, Optional, Type, Union
 
 import httpx
 
 from . import _core
 from ._core import Attempts, Call, RetryPolicy
+from .errors import NotFoundError, SummaryConflictError
+from .export import ExportStream
 from .models import (
     Erasure,
     History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
+    ImportResult,
+    Language,
     Session,
     StartedTurn,
+    Summary,
     Turn,
     UserSession,
     UserSessionsPage,
@@ -101,6 +106,7 @@ class Client:
         user_id: Optional[str] = None,
         history: Optional[HistoryOptions] = None,
         idempotency_key: Optional[str] = None,
+        user_query_en: Optional[str] = None,
     ) -> StartedTurn:
         """Starts a turn with the user's question; the turn is pending until
         :meth:`finalize_turn` or :meth:`abort_turn`.
@@ -112,19 +118,33 @@ class Client:
         sent with an Idempotency-Key (``idempotency_key`` or a new UUID),
         the same on every retry, so a retried start returns the same turn
         (``replayed=True``) instead of making a second one.
+
+        ``user_query_en`` keeps an English copy of the question (a pipeline
+        that translates), which ``lang="en"`` histories render.
         """
-        call = _core.start_call(user_query, session_id, user_id, history, idempotency_key)
+        call = _core.start_call(
+            user_query, session_id, user_id, history, idempotency_key, user_query_en
+        )
         response = self._send(call)
-        replayed = response.headers.get("idempotent-replayed", "").lower() == "true"
+        replayed = _core.replayed(response)
         return _core.parse(
             response, call.request_id, lambda d: StartedTurn.from_json(d, replayed=replayed)
         )
 
-    def finalize_turn(self, session_id: str, turn_id: str, final_answer: str) -> Turn:
-        """Finalizes a turn with its answer; it enters the history at its
-        ``seq``. Finalizing again with the same answer returns the same turn,
-        so retries are safe; another answer raises :class:`ConflictError`."""
-        call = _core.finalize_call(session_id, turn_id, final_answer)
+    def finalize_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        final_answer: str,
+        *,
+        final_answer_en: Optional[str] = None,
+    ) -> Turn:
+        """Finalizes a turn with its answer (and, optionally, an English copy
+        of it, ``final_answer_en``); it enters the history at its ``seq``.
+        Finalizing again with the same answer (and the same English copy, or
+        again none) returns the same turn, so retries are safe; another
+        answer raises :class:`ConflictError`."""
+        call = _core.finalize_call(session_id, turn_id, final_answer, final_answer_en)
         return _core.parse(self._send(call), call.request_id, lambda d: Turn.from_json(d["turn"]))
 
     def abort_turn(self, session_id: str, turn_id: str) -> None:
@@ -144,11 +164,13 @@ class Client:
         user_id: Optional[str] = None,
         history: Optional[HistoryOptions] = DEFAULT_TURN_HISTORY,
         idempotency_key: Optional[str] = None,
+        user_query_en: Optional[str] = None,
     ) -> TurnContext:
         """A context manager for one RAG request; see :class:`TurnContext`.
 
         ``history`` defaults to the ``messages`` format with the server's
-        limits, ready for :meth:`TurnContext.prompt`.
+        limits, ready for :meth:`TurnContext.prompt`. ``user_query_en`` is
+        the question's English copy (see :meth:`start_turn`).
         """
         return TurnContext(
             self,
@@ -157,6 +179,7 @@ class Client:
             user_id=user_id,
             history=history,
             idempotency_key=idempotency_key,
+            user_query_en=user_query_en,
         )
 
     # --- history ---------------------------------------------------------
@@ -176,10 +199,20 @@ class Client:
         keep_first: Optional[bool] = None,
         after_seq: Optional[int] = None,
         through_seq: Optional[int] = None,
+        lang: Optional[Language] = None,
+        summary: Optional[bool] = None,
+        template: Optional[str] = None,
     ) -> History:
         """A session's finalized turns, newest first up to the bounds, in one
-        format; keyword arguments override the fields of ``options``. An
-        unknown or expired session has an empty history."""
+        format; keyword arguments override the fields of ``options`` (see
+        :class:`HistoryOptions`). An unknown or expired session has an empty
+        history.
+
+        ``summary=True`` begins with the session's summary; ``lang="en"``
+        renders the English copies; ``template`` renders with a server
+        template (``xml``, ``markdown``, or the operator's): an unknown one
+        raises :class:`NotFoundError` (``template_not_found``), one that
+        fails :class:`ValidationError` (``template_error``)."""
         opts = _core.history_options(
             options,
             limit=limit,
@@ -192,6 +225,9 @@ class Client:
             keep_first=keep_first,
             after_seq=after_seq,
             through_seq=through_seq,
+            lang=lang,
+            summary=summary,
+            template=template,
         )
         call = _core.history_call(session_id, opts)
         return _core.parse(self._send(call), call.request_id, History.from_json)
@@ -210,9 +246,13 @@ class Client:
         keep_first: Optional[bool] = None,
         after_seq: Optional[int] = None,
         through_seq: Optional[int] = None,
+        lang: Optional[Language] = None,
+        summary: Optional[bool] = None,
+        template: Optional[str] = None,
     ) -> HistoryText:
-        """The ``text`` rendering alone (``Accept: text/plain``), with its
-        exact token count from the ``x-token-count`` header."""
+        """The ``text`` rendering (or the ``template``'s) alone
+        (``Accept: text/plain``), with its exact token count from the
+        ``x-token-count`` header."""
         opts = _core.history_options(
             options,
             limit=limit,
@@ -224,9 +264,122 @@ class Client:
             keep_first=keep_first,
             after_seq=after_seq,
             through_seq=through_seq,
+            lang=lang,
+            summary=summary,
+            template=template,
         )
         call = _core.history_call(session_id, opts, text=True)
         return _core.history_text(self._send(call), call.request_id)
+
+    # --- summaries -------------------------------------------------------
+
+    def put_summary(
+        self,
+        session_id: str,
+        summary: str,
+        through_seq: int,
+        *,
+        expected_through_seq: Optional[int] = None,
+        user_id: Optional[str] = None,
+    ) -> Summary:
+        """Writes the session's rolling summary of every turn with
+        ``seq <= through_seq`` (at most the newest finalized turn's seq, else
+        :class:`ValidationError`).
+
+        With ``expected_through_seq`` the write is a compare-and-set: it
+        happens only if the stored summary covers exactly that far (0: no
+        summary yet), else :class:`SummaryConflictError` (409
+        ``summary_conflict``), as for a ``through_seq`` below the stored
+        one: read again and fold what is left. ``user_id`` is checked
+        against the session's owner (:class:`ForbiddenError`); it does not
+        claim the session.
+
+        Retries are safe: when a try whose response was lost wrote the
+        summary, the retry's conflict is recognised (the stored summary is
+        this one) and the stored summary is returned.
+        """
+        call = _core.put_summary_call(
+            session_id, summary, through_seq, expected_through_seq, user_id
+        )
+        attempts = Attempts(call, self.retry_policy)
+        try:
+            response = self._send(call, attempts)
+        except SummaryConflictError:
+            stored = None
+            if attempts.maybe_applied:
+                stored = self._lost_write(session_id, summary, through_seq)
+            if stored is None:
+                raise
+            return stored
+        return _core.parse(response, call.request_id, Summary.from_json)
+
+    def _lost_write(self, session_id: str, summary: str, through_seq: int) -> Optional[Summary]:
+        """The stored summary if it is the one a lost try wrote, else ``None``."""
+        try:
+            stored = self.get_summary(session_id)
+        except NotFoundError:
+            return None
+        return stored if _core.is_written(stored, summary, through_seq) else None
+
+    def get_summary(self, session_id: str) -> Summary:
+        """The session's summary (``token_count`` in the server's encoding);
+        :class:`NotFoundError` (``summary_not_found``) when it has none, as
+        for an unknown or expired session."""
+        call = _core.summary_call("GET", session_id)
+        return _core.parse(self._send(call), call.request_id, Summary.from_json)
+
+    def delete_summary(self, session_id: str) -> None:
+        """Deletes the session's summary (also when it has none)."""
+        self._send(_core.summary_call("DELETE", session_id))
+
+    # --- import and export -----------------------------------------------
+
+    def import_messages(
+        self,
+        session_id: str,
+        messages: Iterable[Mapping[str, object]],
+        *,
+        user_id: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> ImportResult:
+        """Appends a chat transcript made elsewhere as finalized turns: each
+        ``{"role": "user", "content": ...}`` message and the ``assistant``
+        message after it become one turn, with the session's next seqs.
+
+        All or nothing: any invalid message raises :class:`ValidationError`
+        whose ``errors`` name every wrong one by its index
+        (``messages[3].role``, ``messages[4]``, ``messages[2].content``) and
+        nothing is written; a content over its limit raises
+        :class:`PayloadTooLargeError`. ``user_id`` claims an unowned session
+        (another owner's: :class:`ForbiddenError`).
+
+        The import is sent with an Idempotency-Key (``idempotency_key`` or a
+        new UUID), the same on every retry, so a retried import returns what
+        the first made (``replayed=True``) instead of importing twice.
+        """
+        call = _core.import_call(session_id, messages, user_id, idempotency_key)
+        response = self._send(call)
+        replayed = _core.replayed(response)
+        return _core.parse(
+            response, call.request_id, lambda d: ImportResult.from_json(d, replayed=replayed)
+        )
+
+    def export_user(self, user_id: str) -> ExportStream:
+        """Every live session of a user, with its finalized turns and
+        summary, in the order of :meth:`iter_user_sessions`, streamed: an
+        iterator of :class:`ExportedSession` that holds one session at a
+        time. Use it in a ``with`` block to release the connection when the
+        loop stops early::
+
+            with client.export_user("alice") as export:
+                for session in export:
+                    ...
+
+        A stream the server cuts raises :class:`ExportInterruptedError`
+        after the complete sessions (see :mod:`turnstore.export`).
+        """
+        call = _core.export_call(user_id)
+        return ExportStream(lambda: self._send(call, stream=True), call)
 
     # --- sessions and users ----------------------------------------------
 
@@ -281,19 +434,31 @@ class Client:
 
     # --- transport -------------------------------------------------------
 
-    def _send(self, call: Call) -> httpx.Response:
-        attempts = Attempts(call, self.retry_policy)
+    def _send(
+        self, call: Call, attempts: Optional[Attempts] = None, *, stream: bool = False
+    ) -> httpx.Response:
+        """Sends ``call`` with its retries; returns the success response.
+        With ``stream``, its body is left to read (and the response to
+        close) by the caller; error bodies are read here either way."""
+        if attempts is None:
+            attempts = Attempts(call, self.retry_policy)
         headers = call.request_headers(self._headers)
         content = call.content()
         while True:
+            request = self._http.build_request(
+                call.method,
+                self.base_url + call.path,
+                params=call.params,
+                content=content,
+                headers=headers,
+            )
             try:
-                response = self._http.request(
-                    call.method,
-                    self.base_url + call.path,
-                    params=call.params,
-                    content=content,
-                    headers=headers,
-                )
+                response = self._http.send(request, stream=stream)
+                if stream and not response.is_success:
+                    try:
+                        response.read()
+                    finally:
+                        response.close()
             except httpx.TransportError as exc:
                 time.sleep(attempts.on_exception(exc))
                 continue

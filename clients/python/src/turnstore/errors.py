@@ -15,11 +15,13 @@ from typing import Any, Dict, List, Mapping, Optional, Type
 __all__ = [
     "ConflictError",
     "ConnectionFailedError",
+    "ExportInterruptedError",
     "FieldError",
     "ForbiddenError",
     "NotFoundError",
     "PayloadTooLargeError",
     "ServerError",
+    "SummaryConflictError",
     "TooManyRequestsError",
     "TurnstoreError",
     "UnauthorizedError",
@@ -31,7 +33,8 @@ __all__ = [
 @dataclass(frozen=True)
 class FieldError:
     """One invalid input of a 422: ``field`` names it (``history.limit``,
-    ``user_query``, ``Idempotency-Key``, a query parameter, or ``body``)."""
+    ``user_query``, ``Idempotency-Key``, a query parameter, ``body``, or an
+    imported message by its index: ``messages[3].role``, ``messages[4]``)."""
 
     field: str
     message: str
@@ -114,12 +117,23 @@ class ForbiddenError(TurnstoreError):
 
 class NotFoundError(TurnstoreError):
     """404: ``turn_not_found`` (unknown, aborted or expired turn),
-    ``session_not_found`` (get_session), or ``not_found`` (no such route:
-    check ``base_url``)."""
+    ``session_not_found`` (get_session), ``summary_not_found``
+    (get_summary), ``template_not_found`` (a history's ``template`` names no
+    template the server has), or ``not_found`` (no such route: check
+    ``base_url``)."""
 
 
 class ConflictError(TurnstoreError):
-    """409 ``turn_already_finalized``: the turn was finalized with another answer."""
+    """409: ``turn_already_finalized`` (the turn was finalized with another
+    answer) or ``summary_conflict`` (see :class:`SummaryConflictError`)."""
+
+
+class SummaryConflictError(ConflictError):
+    """409 ``summary_conflict``: a summary write expected another coverage
+    (``expected_through_seq``: someone else wrote the summary since it was
+    read), or would make the summary go backwards (a ``through_seq`` below
+    the stored one). ``detail`` says what is stored. Read the history again
+    with ``summary=True`` and fold what is left."""
 
 
 class PayloadTooLargeError(TurnstoreError):
@@ -127,8 +141,10 @@ class PayloadTooLargeError(TurnstoreError):
 
 
 class ValidationError(TurnstoreError):
-    """422: ``validation_failed`` (see ``errors`` for the fields) or
-    ``idempotency_key_reused`` (one Idempotency-Key with two different bodies)."""
+    """422: ``validation_failed`` (see ``errors`` for the fields),
+    ``idempotency_key_reused`` (one Idempotency-Key with two different
+    bodies), or ``template_error`` (a history's template failed while
+    rendering; ``detail`` names its line)."""
 
 
 class TooManyRequestsError(TurnstoreError):
@@ -154,6 +170,28 @@ class ConnectionFailedError(UnavailableError):
     as ``__cause__``."""
 
 
+class ExportInterruptedError(TurnstoreError):
+    """An export stream ended before its end: the connection broke in the
+    middle of the body, or the body ended without the newline of its last
+    line. The server cuts an export so on a store failure or at its
+    ``TURNSTORE_EXPORT_TIMEOUT``, so that a cut export is never taken for a
+    complete one.
+
+    ``status`` is the export's HTTP status (200: the error came after it),
+    ``code`` is ``export_interrupted``; ``sessions`` is how many complete
+    sessions were received (and yielded) before the cut. A transport
+    failure is chained as ``__cause__``. The export is not resumable:
+    export again (and read faster, or ask the operator for a longer
+    timeout).
+    """
+
+    sessions: int = 0
+
+
+_BY_CODE: Mapping[str, Type[TurnstoreError]] = {
+    "summary_conflict": SummaryConflictError,
+}
+
 _BY_STATUS: Mapping[int, Type[TurnstoreError]] = {
     401: UnauthorizedError,
     403: ForbiddenError,
@@ -168,8 +206,12 @@ _BY_STATUS: Mapping[int, Type[TurnstoreError]] = {
 }
 
 
-def error_class_for(status: int) -> Type[TurnstoreError]:
-    """The most specific exception class for an HTTP error status."""
+def error_class_for(status: int, code: Optional[str] = None) -> Type[TurnstoreError]:
+    """The most specific exception class for an HTTP error status and, when
+    the problem document has one, its ``code``."""
+    by_code = _BY_CODE.get(code) if code is not None else None
+    if by_code is not None and issubclass(by_code, _BY_STATUS.get(status, TurnstoreError)):
+        return by_code
     cls = _BY_STATUS.get(status)
     if cls is not None:
         return cls

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 __all__ = ["Message", "Role", "build_chat_messages"]
 
 Role = Literal["system", "user", "assistant"]
-"""``user`` and ``assistant`` for turns; ``system`` is reserved for a
-conversation summary, which API.md v1.1 announces for this format."""
+"""``user`` and ``assistant`` for turns; ``system`` for the conversation
+summary a history read with ``summary=True`` begins with."""
 
 
 class Message(TypedDict):
-    """One chat message: ``{"role": "user" | "assistant", "content": str}``."""
+    """One chat message: ``{"role": "user" | "assistant" | "system", "content": str}``."""
 
     role: Role
     content: str

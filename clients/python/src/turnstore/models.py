@@ -20,14 +20,19 @@ if TYPE_CHECKING:  # openai is optional: see turnstore.messages
 
 __all__ = [
     "Erasure",
+    "ExportedSession",
     "History",
     "HistoryFormat",
     "HistoryOptions",
     "HistoryText",
+    "ImportResult",
+    "Language",
     "Session",
     "StartedTurn",
     "StopReason",
+    "Summary",
     "Turn",
+    "Unsummarized",
     "UserSession",
     "UserSessionsPage",
 ]
@@ -37,6 +42,13 @@ HistoryFormat = Literal["text", "messages", "turns"]
 
 StopReason = Literal["limit", "max_tokens", "max_bytes"]
 """The bound that left older turns out of a history."""
+
+Language = Literal["en"]
+"""The language of a rendering: ``en`` renders the English copies of the
+turns that have them (see :attr:`Turn.user_query_en`)."""
+
+SUMMARY_MESSAGE_PREFIX = "Summary of the conversation so far:\n"
+"""How the ``messages`` format introduces a summary in its system message."""
 
 _FRACTION = re.compile(r"\.(\d+)")
 
@@ -79,6 +91,14 @@ class HistoryOptions:
             goal) when anything is kept.
         after_seq: only turns with ``seq > after_seq`` (range reads).
         through_seq: only turns with ``seq <= through_seq`` (range reads).
+        lang: ``"en"`` renders the English copies (``user_query_en``,
+            ``final_answer_en``) where turns have them, the originals elsewhere.
+        summary: begin with the session's summary (if it has one); the
+            candidates are then the turns it does not cover.
+        template: render with this template (the built-ins ``xml`` and
+            ``markdown``, or one of the server's ``TURNSTORE_TEMPLATES_DIR``)
+            instead of the ``text`` layout; ``format`` must then be ``text``
+            or unset.
     """
 
     limit: Optional[int] = None
@@ -91,6 +111,9 @@ class HistoryOptions:
     keep_first: Optional[bool] = None
     after_seq: Optional[int] = None
     through_seq: Optional[int] = None
+    lang: Optional[Language] = None
+    summary: Optional[bool] = None
+    template: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The set options, as the ``history`` object of a start request."""
@@ -117,6 +140,12 @@ class Turn:
 
     ``truncated`` is true when this copy was cut by ``max_query_chars`` or
     ``max_answer_chars`` (the stored turn is whole).
+
+    ``user_query_en`` and ``final_answer_en`` are the English copies the
+    turn was started or finalized with, ``None`` when it has none. In a
+    history read with ``lang="en"`` they are always ``None``: ``user_query``
+    and ``final_answer`` then hold the texts rendered (the English copy where
+    there is one, the original elsewhere).
     """
 
     turn_id: str
@@ -126,6 +155,8 @@ class Turn:
     started_at: datetime
     finalized_at: datetime
     truncated: bool
+    user_query_en: Optional[str] = None
+    final_answer_en: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Turn:
@@ -137,6 +168,62 @@ class Turn:
             started_at=parse_datetime(data["started_at"]),
             finalized_at=parse_datetime(data["finalized_at"]),
             truncated=data["truncated"],
+            user_query_en=data.get("user_query_en"),
+            final_answer_en=data.get("final_answer_en"),
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A session's rolling summary: ``summary`` covers every turn with
+    ``seq <= through_seq``.
+
+    ``token_count`` counts the summary alone: in the encoding of the history
+    it came with, or in the server's encoding (from :meth:`Client.get_summary`,
+    :meth:`Client.put_summary` and exports).
+    """
+
+    summary: str
+    through_seq: int
+    token_count: int
+    updated_at: datetime
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Summary:
+        return cls(
+            summary=data["summary"],
+            through_seq=data["through_seq"],
+            token_count=data["token_count"],
+            updated_at=parse_datetime(data["updated_at"]),
+        )
+
+
+@dataclass(frozen=True)
+class Unsummarized:
+    """The finalized turns a history neither returned nor covered with the
+    session's summary: those with ``after_seq < seq <= through_seq``.
+
+    ``after_seq`` is what the stored summary covers (0 without one). These
+    are the turns a client folds into the next summary: read them with
+    ``format="turns", after_seq=..., through_seq=...``. ``tokens`` counts
+    them as the ``text`` rendering of their blocks would (without the header
+    line), in the history's encoding and language; it is ``None`` when the
+    history was read in another encoding than the server's (read with the
+    server's encoding to get it).
+    """
+
+    after_seq: int
+    through_seq: int
+    turns: int
+    tokens: Optional[int]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Unsummarized:
+        return cls(
+            after_seq=data["after_seq"],
+            through_seq=data["through_seq"],
+            turns=data["turns"],
+            tokens=data.get("tokens"),
         )
 
 
@@ -149,6 +236,14 @@ class History:
     is the exact count of what is returned, in ``encoding``;
     ``stopped_by`` names the bound that left older turns out, or is
     ``None`` when every candidate turn is included.
+
+    ``unsummarized`` describes the finalized turns that are neither
+    returned nor covered by the session's summary (``None`` when there are
+    none): what a client folds into its next summary. ``summary`` is the
+    summary a ``turns`` history read with ``summary=True`` begins with
+    (``None`` without one, or when it did not fit); the ``text`` and
+    ``messages`` formats carry it in ``rendered`` and in a first ``system``
+    message instead.
     """
 
     session_id: str
@@ -164,11 +259,15 @@ class History:
     rendered: Optional[str] = None
     messages: Optional[List[Message]] = None
     turns: Optional[List[Turn]] = None
+    summary: Optional[Summary] = None
+    unsummarized: Optional[Unsummarized] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> History:
         messages = data.get("messages")
         turns = data.get("turns")
+        summary = data.get("summary")
+        unsummarized = data.get("unsummarized")
         return cls(
             session_id=data["session_id"],
             user_id=data.get("user_id"),
@@ -187,10 +286,14 @@ class History:
                 else [{"role": m["role"], "content": m["content"]} for m in messages]
             ),
             turns=None if turns is None else [Turn.from_json(t) for t in turns],
+            summary=None if summary is None else Summary.from_json(summary),
+            unsummarized=None if unsummarized is None else Unsummarized.from_json(unsummarized),
         )
 
     def chat_messages(self) -> List[Message]:
-        """The history as user/assistant messages, oldest first.
+        """The history as chat messages, oldest first: user/assistant pairs,
+        after a ``system`` message holding the summary when the history
+        begins with one (as the ``messages`` format renders it).
 
         Works for the ``messages`` and ``turns`` formats; a ``text`` history
         has no message structure left, so it raises ``ValueError``.
@@ -199,6 +302,10 @@ class History:
             return list(self.messages)
         if self.turns is not None:
             out: List[Message] = []
+            if self.summary is not None:
+                out.append(
+                    {"role": "system", "content": SUMMARY_MESSAGE_PREFIX + self.summary.summary}
+                )
             for turn in self.turns:
                 out.append({"role": "user", "content": turn.user_query})
                 out.append({"role": "assistant", "content": turn.final_answer})
@@ -342,4 +449,58 @@ class Erasure:
             user_id=data["user_id"],
             deleted_sessions=data["deleted_sessions"],
             complete=data["complete"],
+        )
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import appended: ``imported_turns`` finalized turns, with the
+    seqs ``first_seq`` to ``last_seq``.
+
+    ``user_id`` is the session's owner (``None`` when it has none).
+    ``replayed`` is true when the service recognised a retry of an earlier
+    import (same Idempotency-Key and body) and returned that import's result
+    instead of importing again.
+    """
+
+    session_id: str
+    user_id: Optional[str]
+    imported_turns: int
+    first_seq: int
+    last_seq: int
+    replayed: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, replayed: bool = False) -> ImportResult:
+        return cls(
+            session_id=data["session_id"],
+            user_id=data.get("user_id"),
+            imported_turns=data["imported_turns"],
+            first_seq=data["first_seq"],
+            last_seq=data["last_seq"],
+            replayed=replayed,
+        )
+
+
+@dataclass(frozen=True)
+class ExportedSession:
+    """One session of a user's export: its times, its summary (``None``
+    when it has none) and every finalized turn, oldest first, with their
+    English copies (pending turns are not exported)."""
+
+    session_id: str
+    created_at: datetime
+    last_active_at: datetime
+    turns: List[Turn] = field(default_factory=list)
+    summary: Optional[Summary] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ExportedSession:
+        summary = data.get("summary")
+        return cls(
+            session_id=data["session_id"],
+            created_at=parse_datetime(data["created_at"]),
+            last_active_at=parse_datetime(data["last_active_at"]),
+            turns=[Turn.from_json(t) for t in data["turns"]],
+            summary=None if summary is None else Summary.from_json(summary),
         )

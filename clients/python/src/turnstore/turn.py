@@ -18,6 +18,11 @@ Entering starts the turn, so the history arrives before generation
   ``turnstore`` logger, since a turn nobody finalizes would only occupy a
   pending slot until it expires. Call :meth:`TurnContext.abort` to do this
   on purpose, without the warning.
+
+A pipeline that translates passes the question's English copy as
+``user_query_en`` and the answer's as ``turn.finalize(answer,
+final_answer_en=...)``; with ``history=HistoryOptions(lang="en")`` the
+history and :meth:`TurnContext.prompt`'s question are then in English.
 """
 
 from __future__ import annotations
@@ -56,8 +61,10 @@ class _TurnState:
         user_id: Optional[str],
         history: Optional[HistoryOptions],
         idempotency_key: Optional[str],
+        user_query_en: Optional[str],
     ) -> None:
         self.user_query = user_query
+        self.user_query_en = user_query_en
         self._session_id = session_id
         self._user_id = user_id
         self._history_options = history
@@ -92,14 +99,25 @@ class _TurnState:
         was entered with ``history=None``)."""
         return self.started.history
 
+    @property
+    def question(self) -> str:
+        """The question as :meth:`prompt` puts it: the English copy when the
+        turn has one and its history is read with ``lang="en"`` (as the
+        history renders each text), else the original."""
+        options = self._history_options
+        if self.user_query_en is not None and options is not None and options.lang == "en":
+            return self.user_query_en
+        return self.user_query
+
     def prompt(self, system: Optional[str] = None) -> List[ChatCompletionMessageParam]:
-        """The messages for a chat model: ``system`` (if given), the history,
-        and this turn's question last."""
+        """The messages for a chat model: ``system`` (if given), the history
+        (after its summary, when read with ``summary=True``), and this
+        turn's :attr:`question` last."""
         history = self.history
         return build_chat_messages(
             history.chat_messages() if history is not None else [],
             system=system,
-            question=self.user_query,
+            question=self.question,
         )
 
     def _check_open(self) -> None:
@@ -132,8 +150,9 @@ class TurnContext(_TurnState):
         user_id: Optional[str] = None,
         history: Optional[HistoryOptions] = DEFAULT_TURN_HISTORY,
         idempotency_key: Optional[str] = None,
+        user_query_en: Optional[str] = None,
     ) -> None:
-        super().__init__(user_query, session_id, user_id, history, idempotency_key)
+        super().__init__(user_query, session_id, user_id, history, idempotency_key, user_query_en)
         self._client = client
 
     def __enter__(self) -> TurnContext:
@@ -143,13 +162,17 @@ class TurnContext(_TurnState):
             user_id=self._user_id,
             history=self._history_options,
             idempotency_key=self._idempotency_key,
+            user_query_en=self.user_query_en,
         )
         return self
 
-    def finalize(self, final_answer: str) -> Turn:
-        """Finalizes the turn with the answer; it enters the history."""
+    def finalize(self, final_answer: str, *, final_answer_en: Optional[str] = None) -> Turn:
+        """Finalizes the turn with the answer (and its English copy, if
+        given); it enters the history."""
         self._check_open()
-        self.result = self._client.finalize_turn(self.session_id, self.turn_id, final_answer)
+        self.result = self._client.finalize_turn(
+            self.session_id, self.turn_id, final_answer, final_answer_en=final_answer_en
+        )
         return self.result
 
     def abort(self) -> None:
@@ -188,8 +211,9 @@ class AsyncTurnContext(_TurnState):
         user_id: Optional[str] = None,
         history: Optional[HistoryOptions] = DEFAULT_TURN_HISTORY,
         idempotency_key: Optional[str] = None,
+        user_query_en: Optional[str] = None,
     ) -> None:
-        super().__init__(user_query, session_id, user_id, history, idempotency_key)
+        super().__init__(user_query, session_id, user_id, history, idempotency_key, user_query_en)
         self._client = client
 
     async def __aenter__(self) -> AsyncTurnContext:
@@ -199,13 +223,17 @@ class AsyncTurnContext(_TurnState):
             user_id=self._user_id,
             history=self._history_options,
             idempotency_key=self._idempotency_key,
+            user_query_en=self.user_query_en,
         )
         return self
 
-    async def finalize(self, final_answer: str) -> Turn:
-        """Finalizes the turn with the answer; it enters the history."""
+    async def finalize(self, final_answer: str, *, final_answer_en: Optional[str] = None) -> Turn:
+        """Finalizes the turn with the answer (and its English copy, if
+        given); it enters the history."""
         self._check_open()
-        self.result = await self._client.finalize_turn(self.session_id, self.turn_id, final_answer)
+        self.result = await self._client.finalize_turn(
+            self.session_id, self.turn_id, final_answer, final_answer_en=final_answer_en
+        )
         return self.result
 
     async def abort(self) -> None:

@@ -2,19 +2,22 @@
 // (client.memory.test.ts, client.redis.test.ts).
 import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
-import {
-  type HistoryResponse,
-  TurnstoreClient,
-  type TurnstoreClientOptions,
-  TurnstoreError,
-} from "turnstore-client";
+import { type HistoryResponse, TurnstoreClient, type TurnstoreClientOptions } from "turnstore-client";
+import { UUID, id, turnstoreError } from "./assertions.js";
 import { type Fault, FaultyFetch, problem } from "./faults.js";
+import { type SuiteContext, v11Suites, writeTemplates } from "./suite-v11.js";
 
 export interface Backend {
   baseUrl: string;
   stop(): Promise<void>;
 }
+
+/** Starts the server on the store under test, with these settings added to the suite's. */
+export type StartBackend = (env: Record<string, string>) => Promise<Backend>;
 
 /** Server settings the suite relies on (passed to startTurnstore). */
 export const SUITE_SERVER_ENV = {
@@ -23,25 +26,12 @@ export const SUITE_SERVER_ENV = {
   TURNSTORE_MAX_PENDING_TURNS: "4",
 } as const;
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
-
-const id = (prefix: string): string => `${prefix}-${randomUUID()}`;
-
-/** Asserts that `promise` rejects with a TurnstoreError, and returns it. */
-async function turnstoreError(promise: Promise<unknown>): Promise<TurnstoreError> {
-  const outcome = await promise.then(
-    (value) => ({ value }),
-    (error: unknown) => ({ error }),
-  );
-  if (!("error" in outcome)) assert.fail(`expected a TurnstoreError, got ${JSON.stringify(outcome.value)}`);
-  assert.ok(outcome.error instanceof TurnstoreError, `expected a TurnstoreError, got ${String(outcome.error)}`);
-  return outcome.error;
-}
-
-export function clientSuite(store: string, startBackend: () => Promise<Backend>): void {
+export function clientSuite(store: string, startBackend: StartBackend): void {
   describe(`TurnstoreClient against the real server (${store} store)`, () => {
     let backend: Backend;
     let client: TurnstoreClient;
+    /** TURNSTORE_TEMPLATES_DIR of the suite's server. */
+    let templatesDir: string | undefined;
     /** A client whose requests go through a FaultyFetch following `plan`. */
     const faulty = (
       plan: (request: { method: string; path: string }, index: number) => Fault | undefined,
@@ -70,12 +60,27 @@ export function clientSuite(store: string, startBackend: () => Promise<Backend>)
     };
 
     before(async () => {
-      backend = await startBackend();
+      templatesDir = mkdtempSync(join(tmpdir(), "turnstore-templates-"));
+      writeTemplates(templatesDir);
+      backend = await startBackend({ ...SUITE_SERVER_ENV, TURNSTORE_TEMPLATES_DIR: templatesDir });
       client = new TurnstoreClient({ baseUrl: backend.baseUrl });
     });
     after(async () => {
       await backend?.stop();
+      if (templatesDir) rmSync(templatesDir, { recursive: true, force: true });
     });
+
+    const context: SuiteContext = {
+      get baseUrl() {
+        return backend.baseUrl;
+      },
+      get client() {
+        return client;
+      },
+      faulty: (plan, options) => faulty(plan, options),
+      sessionWith: (answers) => sessionWith(answers),
+      startBackend: (env) => startBackend({ ...SUITE_SERVER_ENV, ...env }),
+    };
 
     describe("turns", () => {
       it("starts a turn in a session the client names when the caller gives none", async () => {
@@ -544,5 +549,7 @@ export function clientSuite(store: string, startBackend: () => Promise<Backend>)
         assert.equal((await client.getSession(sessionId)).pending_count, 0);
       });
     });
+
+    v11Suites(context);
   });
 }

@@ -1,0 +1,179 @@
+// README.md's rolling-summary loop and import/export example, run as they
+// are written: each ```ts block is transpiled into dist-test/ (where
+// "turnstore-client" resolves to this package) and imported. check-install
+// type-checks the same blocks as a consumer project would.
+import assert from "node:assert/strict";
+import { readFileSync, writeFileSync } from "node:fs";
+import { after, before, describe, it } from "node:test";
+import { type ExportedSession, type HistoryOptions, type ImportMessage, TurnstoreClient } from "turnstore-client";
+import ts from "typescript";
+import { id } from "./support/assertions.js";
+import { type RunningTurnstore, startTurnstore } from "./support/processes.js";
+
+/** The first ```ts block under `## <section>` of README.md. */
+function readmeBlock(readme: string, section: string): string {
+  const body = readme.split(`\n## ${section}\n`)[1]?.split("\n## ")[0] ?? "";
+  const block = /```ts\n([\s\S]*?)```/.exec(body)?.[1];
+  assert.ok(block, `README.md has no \`\`\`ts block under ## ${section}`);
+  return block;
+}
+
+/** That block as a module. */
+async function readmeModule(section: string): Promise<Record<string, unknown>> {
+  const readme = readFileSync(new URL("../README.md", import.meta.url), "utf8");
+  const { outputText } = ts.transpileModule(readmeBlock(readme, section), {
+    compilerOptions: { module: ts.ModuleKind.ES2022, target: ts.ScriptTarget.ES2022 },
+  });
+  const file = new URL(`./readme-${section.toLowerCase().replace(/\W+/g, "-")}.js`, import.meta.url);
+  writeFileSync(file, outputText);
+  return (await import(file.href)) as Record<string, unknown>;
+}
+
+interface RollingSummaries {
+  PROMPT_HISTORY: HistoryOptions;
+  THRESHOLD: number;
+  FOLD_TOKENS: number;
+  foldSummary(turnstore: TurnstoreClient, sessionId: string): Promise<void>;
+}
+
+interface ImportExport {
+  importChat(
+    turnstore: TurnstoreClient,
+    sessionId: string,
+    userId: string,
+    messages: ImportMessage[],
+  ): ReturnType<TurnstoreClient["importMessages"]>;
+  exportUser(turnstore: TurnstoreClient, userId: string, write: (line: string) => Promise<void>): Promise<number>;
+}
+
+/** About `words` tokens of text. */
+const prose = (words: number, seed: number): string =>
+  Array.from({ length: words }, (_, i) => ["vector", "index", "graph", "recall", "latency"][(i + seed) % 5]).join(" ");
+
+/** A transcript of `count` turns: question i, an answer of about `words` tokens. */
+function transcript(count: number, words: number): ImportMessage[] {
+  const messages: ImportMessage[] = [];
+  for (let i = 1; i <= count; i += 1) {
+    messages.push({ role: "user", content: `question ${i}` }, { role: "assistant", content: prose(words, i) });
+  }
+  return messages;
+}
+
+/** "Asked 1: question 1; 2: question 2; …" as the README's stand-in folds turns `from` to `through`. */
+const asked = (from: number, through: number): string =>
+  Array.from({ length: through - from + 1 }, (_, i) => `${from + i}: question ${from + i}`).join("; ");
+
+describe("README examples against the real server", () => {
+  let server: RunningTurnstore;
+  let turnstore: TurnstoreClient;
+  let rolling: RollingSummaries;
+  before(async () => {
+    server = await startTurnstore();
+    turnstore = new TurnstoreClient({ baseUrl: server.baseUrl });
+    rolling = (await readmeModule("Rolling summaries")) as unknown as RollingSummaries;
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  describe("Rolling summaries: foldSummary", () => {
+    it("folds what fell out of the prompt into the summary, and stops below the threshold", async () => {
+      const sessionId = id("s");
+      await turnstore.importMessages(sessionId, { messages: transcript(30, 200) });
+      const first = await turnstore.getHistory(sessionId, rolling.PROMPT_HISTORY);
+      const left = first.unsummarized;
+      assert.ok(left?.tokens != null && left.tokens >= rolling.THRESHOLD, "the session must start over the threshold");
+      await rolling.foldSummary(turnstore, sessionId);
+      const summary = await turnstore.getSummary(sessionId);
+      assert.equal(summary.through_seq, left.through_seq);
+      assert.equal(summary.summary, `Asked ${asked(1, left.through_seq)}`);
+      const prompt = await turnstore.getHistory(sessionId, rolling.PROMPT_HISTORY);
+      assert.equal(prompt.format, "messages");
+      assert.equal(prompt.messages?.[0]?.content, `Summary of the conversation so far:\n${summary.summary}`);
+      assert.ok(prompt.unsummarized === null || (prompt.unsummarized.tokens ?? 0) < rolling.THRESHOLD);
+      // Below the threshold, it writes nothing.
+      await rolling.foldSummary(turnstore, sessionId);
+      assert.deepEqual(await turnstore.getSummary(sessionId), summary);
+    });
+
+    it("folds a backlog larger than one model call in several writes, oldest first", async () => {
+      const sessionId = id("s");
+      await turnstore.importMessages(sessionId, { messages: transcript(40, 1_000) });
+      const writes: number[] = [];
+      const counting = new TurnstoreClient({
+        baseUrl: server.baseUrl,
+        fetch: async (request) => {
+          if (request.method === "PUT") writes.push((JSON.parse(await request.clone().text()) as { through_seq: number }).through_seq);
+          return fetch(request);
+        },
+      });
+      const left = (await turnstore.getHistory(sessionId, rolling.PROMPT_HISTORY)).unsummarized;
+      assert.ok(left && left.tokens !== null && left.tokens > 2 * rolling.FOLD_TOKENS, "the backlog must need several calls");
+      await rolling.foldSummary(counting, sessionId);
+      assert.ok(writes.length >= 3, `writes through ${writes.join(", ")}`);
+      assert.deepEqual(
+        writes,
+        [...writes].sort((a, b) => a - b),
+      );
+      const summary = await turnstore.getSummary(sessionId);
+      assert.equal(summary.through_seq, writes.at(-1));
+      assert.ok(summary.through_seq >= left.through_seq);
+      assert.equal(summary.summary, `Asked ${asked(1, summary.through_seq)}`);
+    });
+
+    it("gives way to a competing writer and folds what it left", async () => {
+      const sessionId = id("s");
+      await turnstore.importMessages(sessionId, { messages: transcript(30, 200) });
+      const statuses: number[] = [];
+      // Another summarizer writes between foldSummary's reads and its write.
+      const racing = new TurnstoreClient({
+        baseUrl: server.baseUrl,
+        maxRetries: 0,
+        fetch: async (request) => {
+          if (request.method === "PUT" && statuses.length === 0) {
+            await turnstore.putSummary(sessionId, { summary: "Competitor.", throughSeq: 3, expectedThroughSeq: 0 });
+          }
+          const response = await fetch(request);
+          if (request.method === "PUT") statuses.push(response.status);
+          return response;
+        },
+      });
+      const left = (await turnstore.getHistory(sessionId, rolling.PROMPT_HISTORY)).unsummarized;
+      assert.ok(left);
+      await rolling.foldSummary(racing, sessionId);
+      assert.deepEqual(statuses, [409, 200]);
+      const summary = await turnstore.getSummary(sessionId);
+      assert.equal(summary.summary, `Competitor.; ${asked(4, summary.through_seq)}`);
+      assert.equal(summary.through_seq, left.through_seq);
+    });
+  });
+
+  describe("Import and export: importChat, exportUser", () => {
+    it("imports once however often it runs, and exports every session as a JSON line", async () => {
+      const example = (await readmeModule("Import and export")) as unknown as ImportExport;
+      const userId = id("u");
+      const sessions = [id("s"), id("s")];
+      for (const sessionId of sessions) {
+        const first = await example.importChat(turnstore, sessionId, userId, transcript(2, 5));
+        const again = await example.importChat(turnstore, sessionId, userId, transcript(2, 5));
+        assert.deepEqual(again, { ...first, replayed: true });
+      }
+      const lines: string[] = [];
+      const count = await example.exportUser(turnstore, userId, async (line) => {
+        lines.push(line);
+      });
+      assert.equal(count, 2);
+      const exported = lines.map((line) => {
+        assert.ok(line.endsWith("\n"));
+        return JSON.parse(line) as ExportedSession;
+      });
+      assert.deepEqual(new Set(exported.map((s) => s.session_id)), new Set(sessions));
+      for (const session of exported) {
+        assert.deepEqual(
+          session.turns.map((t) => t.user_query),
+          ["question 1", "question 2"],
+        );
+      }
+    });
+  });
+});
