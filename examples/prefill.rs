@@ -2,18 +2,22 @@
 //! 600-byte answers) through turnstore's own Redis store, so the layout and
 //! token counts are exactly what the service writes.
 //! Usage: `prefill <redis-url> <session-prefix> <sessions> <turns-per-session>`
+//! Environment: `PREFILL_USER` makes every session that user's;
+//! `PREFILL_SUMMARY_THROUGH=N` gives each session a summary
+//! (`bench/summary.txt`) of its first N turns.
 
 use std::sync::Arc;
 
 use turnstore::Settings;
-use turnstore::domain::{SessionId, TurnId};
+use turnstore::domain::{SessionId, TurnId, UserId};
 use turnstore::metrics::Metrics;
-use turnstore::store::{StartTurn, Store};
-use turnstore::tokens::{AnswerTokens, QueryTokens};
+use turnstore::store::{StartTurn, Store, SummaryWrite};
+use turnstore::tokens::{AnswerTokens, QueryTokens, SummaryTokens};
 use turnstore::turn::{Finalization, NewPendingTurn, now_millis};
 
 pub const QUESTION: &str = include_str!("../bench/question.txt");
 pub const ANSWER: &str = include_str!("../bench/answer.txt");
+pub const SUMMARY: &str = include_str!("../bench/summary.txt");
 
 #[tokio::main]
 async fn main() {
@@ -35,10 +39,17 @@ async fn main() {
     let encoding = settings.encoding;
     let q_tokens = QueryTokens::count(encoding, QUESTION.trim_end());
     let a_tokens = AnswerTokens::count(encoding, ANSWER.trim_end());
+    let user = std::env::var("PREFILL_USER")
+        .ok()
+        .map(|u| UserId::parse(u).expect("PREFILL_USER is a user id"));
+    let summary_through: u64 = std::env::var("PREFILL_SUMMARY_THROUGH")
+        .map(|n| n.parse().expect("PREFILL_SUMMARY_THROUGH is a number"))
+        .unwrap_or(0);
+    let s_tokens = SummaryTokens::count(encoding, SUMMARY.trim_end());
     let workers = 32;
     let tasks: Vec<_> = (0..workers)
         .map(|w| {
-            let (store, prefix) = (store.clone(), prefix.clone());
+            let (store, prefix, user) = (store.clone(), prefix.clone(), user.clone());
             tokio::spawn(async move {
                 for s in (w..sessions).step_by(workers) {
                     let session = SessionId::parse(format!("{prefix}-{s}")).unwrap();
@@ -47,7 +58,7 @@ async fn main() {
                         let started = store
                             .start_turn(StartTurn {
                                 session_id: &session,
-                                user_id: None,
+                                user_id: user.as_ref(),
                                 turn: NewPendingTurn {
                                     turn_id: &turn_id,
                                     user_query: QUESTION.trim_end(),
@@ -73,6 +84,20 @@ async fn main() {
                             .finalize_turn(&session, started.turn_id, &end)
                             .await
                             .expect("finalize");
+                    }
+                    if summary_through > 0 {
+                        store
+                            .put_summary(SummaryWrite {
+                                session_id: &session,
+                                user_id: None,
+                                text: SUMMARY.trim_end(),
+                                through_seq: summary_through,
+                                expected_through_seq: None,
+                                tokens: &s_tokens,
+                                now: now_millis(),
+                            })
+                            .await
+                            .expect("summary");
                     }
                 }
             })
