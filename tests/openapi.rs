@@ -37,6 +37,7 @@ async fn served_spec_states_this_servers_bounds_and_defaults() {
     let spec = served(Settings {
         max_query_bytes: 1000,
         max_answer_bytes: 5000,
+        max_summary_bytes: 700,
         history_limit: 7,
         history_max_tokens: 999,
         encoding: Encoding::Cl100kBase,
@@ -44,14 +45,25 @@ async fn served_spec_states_this_servers_bounds_and_defaults() {
     })
     .await;
     let schemas = &spec["components"]["schemas"];
-    assert_eq!(
-        schemas["StartTurnRequest"]["properties"]["user_query"]["maxLength"],
-        1000
-    );
-    assert_eq!(
-        schemas["FinalizeTurnRequest"]["properties"]["final_answer"]["maxLength"],
-        5000
-    );
+    // Every text a client sends states its bound.
+    for (schema, field, bound) in [
+        ("StartTurnRequest", "user_query", 1000),
+        ("StartTurnRequest", "user_query_en", 1000),
+        ("FinalizeTurnRequest", "final_answer", 5000),
+        ("FinalizeTurnRequest", "final_answer_en", 5000),
+        ("PutSummaryRequest", "summary", 700),
+        ("ImportMessage", "content", 5000),
+    ] {
+        assert_eq!(
+            schemas[schema]["properties"][field]["maxLength"], bound,
+            "{schema}.{field}"
+        );
+    }
+    for schema in ["StartTurnRequest", "ImportRequest", "PutSummaryRequest"] {
+        let user = &schemas[schema]["properties"]["user_id"];
+        assert_eq!(user["maxLength"], 128, "{schema}");
+        assert!(user["pattern"].is_string(), "{schema}");
+    }
     // Configurable defaults are stated in words: a `default` would be sent
     // by generated clients, overriding the setting of another server.
     let history = &schemas["HistoryParams"]["properties"];

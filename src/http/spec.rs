@@ -423,21 +423,33 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
         }
         None => missed.push(place),
     };
-    apply(
-        "StartTurnRequest.user_query".into(),
-        property(doc, "StartTurnRequest", "user_query"),
-        json!({"maxLength": settings.max_query_bytes}),
+    for schema in ["StartTurnRequest", "ImportRequest", "PutSummaryRequest"] {
+        apply(
+            format!("{schema}.user_id"),
+            property(doc, schema, "user_id"),
+            json!({"pattern": format!("^({user_id})?$"), "maxLength": 128}),
+        );
+    }
+    // Texts are limited in UTF-8 bytes: as many characters at most.
+    let (query, answer) = (
+        settings.max_query_bytes as u64,
+        settings.max_answer_bytes as u64,
     );
-    apply(
-        "StartTurnRequest.user_id".into(),
-        property(doc, "StartTurnRequest", "user_id"),
-        json!({"pattern": format!("^({user_id})?$"), "maxLength": 128}),
-    );
-    apply(
-        "FinalizeTurnRequest.final_answer".into(),
-        property(doc, "FinalizeTurnRequest", "final_answer"),
-        json!({"maxLength": settings.max_answer_bytes}),
-    );
+    let texts = [
+        ("StartTurnRequest", "user_query", query),
+        ("StartTurnRequest", "user_query_en", query),
+        ("FinalizeTurnRequest", "final_answer", answer),
+        ("FinalizeTurnRequest", "final_answer_en", answer),
+        ("PutSummaryRequest", "summary", settings.max_summary_bytes),
+        ("ImportMessage", "content", query.max(answer)),
+    ];
+    for (schema, name, bytes) in texts {
+        apply(
+            format!("{schema}.{name}"),
+            property(doc, schema, name),
+            json!({"maxLength": bytes}),
+        );
+    }
     for (name, values, default) in history {
         if let Some(p) = property(doc, "HistoryParams", name) {
             append_description(p, &default);
