@@ -3,16 +3,14 @@
 //! `o200k_base` is the default, so its counts come from the stored turns;
 //! `cl100k_base` has to tokenize on read. Also the counts a start and a
 //! finalize take of their new text. And a templated read of the newest 20
-//! (`xml`, `markdown`) against `text`, with the count cache warm (a
+//! (`xml`, `markdown`) against `text`, with the caches warm (a
 //! repeated read) and cold. Run: `cargo bench --bench history`.
 
 use std::hint::black_box;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use turnstore::domain::TurnId;
-use turnstore::history::template::{
-    Globals, Template, Templates, clear_count_cache, select_template,
-};
+use turnstore::history::template::{Caches, Globals, Template, Templates, select_template};
 use turnstore::history::{Candidate, Content, Format, Options, messages, render_text, select};
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
@@ -102,8 +100,9 @@ fn bench(c: &mut Criterion) {
     group.finish();
 
     // A templated read of the newest 20 against `text`: warm is a repeated
-    // read (every segment's count cached: render and sum), cold tokenizes
-    // every segment and joint once. `text` o200k sums stored counts;
+    // read (every turn's rendering and count cached: look up, join and
+    // sum), cold renders every turn and tokenizes every segment and joint
+    // once. `text` o200k sums stored counts;
     // `text` cl100k tokenizes each turn on every read.
     let mut group = c.benchmark_group("template");
     let templates = Templates::load(None).expect("the built-ins compile");
@@ -123,7 +122,7 @@ fn bench(c: &mut Criterion) {
             });
             group.bench_function(format!("{enc}/{name}-20/cold"), |b| {
                 b.iter_batched(
-                    clear_count_cache,
+                    || Caches::global().clear(),
                     |()| black_box(read_templated(black_box(&newest_20), &opts, template)),
                     BatchSize::PerIteration,
                 )

@@ -87,12 +87,13 @@ impl Picker {
         }
     }
 
-    /// Whether taking `c` may tokenize (a template's turn always may: its
-    /// rendering is counted unless counted recently).
-    pub fn must_count(&self, c: &Candidate) -> bool {
+    /// Whether taking `c` may tokenize, or run a template: a template's
+    /// turn may unless it was rendered recently (see
+    /// [`TemplateSelector::ready`]).
+    pub fn must_count(&mut self, c: &Candidate) -> bool {
         match self {
             Picker::Plain(s) => s.must_count(c),
-            Picker::Template(_) => true,
+            Picker::Template(t) => !t.selector.ready(c),
         }
     }
 

@@ -13,6 +13,7 @@
 //! - `context`: what a macro sees.
 //! - `joints`: exact counts of a concatenation from its segments' counts.
 //! - `cache`: the counts of recently seen segments.
+//! - `rendered`: recently rendered turns, with their counted runs.
 //! - `selector`: the budget rule over rendered segments.
 //!
 //! Pure: nothing here does I/O except [`Templates::load`], once, at start.
@@ -21,6 +22,7 @@ mod builtins;
 mod cache;
 mod context;
 mod joints;
+mod rendered;
 mod sandbox;
 mod selector;
 
@@ -31,7 +33,8 @@ use std::sync::Arc;
 
 use minijinja::Value;
 
-pub use cache::{CAPACITY as COUNT_CACHE_CAPACITY, CountCache, clear_count_cache};
+pub use cache::{CAPACITY as COUNT_CACHE_CAPACITY, CountCache};
+pub use rendered::{BUDGET_BYTES as TURN_CACHE_BYTES, TurnCache};
 pub use sandbox::{FUEL, MAX_OUTPUT_BYTES, RECURSION_LIMIT};
 pub use selector::{TemplateSelection, TemplateSelector, select_template};
 
@@ -85,6 +88,39 @@ pub struct Summary {
     pub through_seq: u64,
 }
 
+/// The caches a selection renders and counts through: the process-wide
+/// ones in the service, a test's own in tests.
+#[derive(Debug, Clone)]
+pub struct Caches {
+    pub counts: Arc<CountCache>,
+    pub turns: Arc<TurnCache>,
+}
+
+impl Caches {
+    /// Caches of their own: at most `counts` counts and `turn_bytes` bytes
+    /// of rendered turns.
+    pub fn new(counts: usize, turn_bytes: usize) -> Caches {
+        Caches {
+            counts: Arc::new(CountCache::new(counts)),
+            turns: Arc::new(TurnCache::new(turn_bytes)),
+        }
+    }
+
+    pub fn global() -> Caches {
+        Caches {
+            counts: CountCache::global(),
+            turns: TurnCache::global(),
+        }
+    }
+
+    /// Forgets everything, so that a bench can time a cold read. Nothing in
+    /// the service calls it.
+    pub fn clear(&self) {
+        self.counts.clear();
+        self.turns.clear();
+    }
+}
+
 /// A compiled template; cheap to clone, shared by every read.
 #[derive(Debug, Clone)]
 pub struct Template {
@@ -112,6 +148,10 @@ impl Template {
 
     pub fn name(&self) -> &str {
         self.compiled.name()
+    }
+
+    fn id(&self) -> u64 {
+        self.compiled.id()
     }
 
     /// The whole rendering of `turns` (oldest first) after an optional

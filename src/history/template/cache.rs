@@ -175,12 +175,6 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Forgets every count of the process-wide cache, so that a bench can time
-/// a cold read. Nothing in the service calls it.
-pub fn clear_count_cache() {
-    CountCache::global().clear();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -192,6 +192,20 @@ impl Run {
         }
     }
 
+    /// The bytes of its ends: before its first cut and after its last (the
+    /// whole text, twice, without a cut). Joining it to a neighbour counts
+    /// a span of an end of each.
+    pub fn ends(&self) -> (usize, usize) {
+        match self {
+            Run::Whole(end) => (end.text.len(), end.text.len()),
+            Run::Cut { head, tail, .. } => (head.text.len(), tail.text.len()),
+        }
+    }
+
+    pub fn is_cut(&self) -> bool {
+        matches!(self, Run::Cut { .. })
+    }
+
     /// The exact count of the run's text.
     pub fn count(&mut self, counter: &Counter) -> u64 {
         match self {

@@ -14,6 +14,7 @@
 //! Beside minijinja's own filters, templates get one: `xml_escape`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use minijinja::value::ValueKind;
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
@@ -67,6 +68,8 @@ impl Part {
 /// A template compiled in its own sandboxed environment.
 #[derive(Debug)]
 pub(super) struct Compiled {
+    /// Unique in the process: what a cached rendering names it by.
+    id: u64,
     name: String,
     env: Environment<'static>,
     /// Where each macro is defined, for errors raised outside its body
@@ -83,7 +86,9 @@ impl Compiled {
         let mut env = sandbox();
         env.add_template_owned(name.to_owned(), source)
             .map_err(|e| engine_error(&e, None))?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let compiled = Compiled {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name: name.to_owned(),
             env,
             lines,
@@ -106,6 +111,10 @@ impl Compiled {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Calls the macro of `part`: `None` when the template does not define

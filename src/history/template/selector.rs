@@ -12,15 +12,21 @@
 //! candidate costs the count of its own rendering (cached) and of two short
 //! joint spans, not a count of the whole rendering: a read is linear in
 //! what it renders. See `joints` for the case where spans grow.
+//!
+//! A turn rendered before is taken from `rendered` with its run: a repeated
+//! read neither runs the template nor tokenizes the turn again. Such a turn
+//! whose joints are short is cheap enough to take on an async worker
+//! ([`TemplateSelector::ready`]); the others are rendered and counted on
+//! the blocking pool.
 
 use std::sync::Arc;
 
 use minijinja::Value;
 
-use super::cache::CountCache;
 use super::joints::{Counter, Run};
+use super::rendered::{MAX_END_BYTES, Rendered, TurnKey};
 use super::sandbox::Part;
-use super::{Globals, Summary, Template, TemplateError, context};
+use super::{Caches, Globals, Summary, Template, TemplateError, context};
 use crate::history::select::truncate;
 use crate::history::{Candidate, Options, SelectedTurn, StoppedBy};
 use crate::turn::TurnView;
@@ -47,7 +53,13 @@ pub struct TemplateSelector {
     template: Template,
     opts: Options,
     globals: Value,
+    /// What a turn's rendering depends on besides the turn and the
+    /// template (the globals, how the read makes its contents), hashed.
+    read_variant: u64,
     counter: Counter,
+    caches: Caches,
+    /// The rendering `ready` found for the candidate offered next.
+    found: Option<(TurnKey, Arc<Rendered>)>,
     /// The summary's rendering, when it is in the selection.
     summary: Option<String>,
     header: String,
@@ -60,9 +72,9 @@ pub struct TemplateSelector {
     /// Everything after it; `None` until a turn after the reserved one is
     /// chosen (the footer alone then follows the next turn).
     after: Option<Run>,
-    first: Option<(SelectedTurn, String)>,
+    first: Option<(SelectedTurn, Arc<str>)>,
     /// Newest first, with their renderings.
-    chosen: Vec<(SelectedTurn, String)>,
+    chosen: Vec<(SelectedTurn, Arc<str>)>,
     /// Turns that may still be chosen.
     room: usize,
     /// Exact count of the current rendering.
@@ -72,30 +84,30 @@ pub struct TemplateSelector {
 }
 
 impl TemplateSelector {
-    /// A selection with `template`, counting through the process-wide
-    /// cache. With a summary, the summary goes first: if it alone does not
-    /// fit, the selection is empty and stopped.
+    /// A selection with `template`, through the process-wide caches. With
+    /// a summary, the summary goes first: if it alone does not fit, the
+    /// selection is empty and stopped.
     pub fn new(
         template: &Template,
         opts: &Options,
         globals: &Globals<'_>,
         summary: Option<&Summary>,
     ) -> Result<Self, TemplateError> {
-        Self::with_cache(template, opts, globals, summary, CountCache::global())
+        Self::with_caches(template, opts, globals, summary, Caches::global())
     }
 
-    /// As [`TemplateSelector::new`], counting through `cache`.
-    pub fn with_cache(
+    /// As [`TemplateSelector::new`], through `caches`.
+    pub fn with_caches(
         template: &Template,
         opts: &Options,
         globals: &Globals<'_>,
         summary: Option<&Summary>,
-        cache: Arc<CountCache>,
+        caches: Caches,
     ) -> Result<Self, TemplateError> {
         let g = context::globals(globals);
         let counter = Counter {
             encoding: opts.encoding,
-            cache,
+            cache: caches.counts.clone(),
         };
         let header = template.fixed(&g, Part::Header)?;
         let separator = template.fixed(&g, Part::Separator)?;
@@ -108,6 +120,17 @@ impl TemplateSelector {
             template: template.clone(),
             opts: opts.clone(),
             globals: g,
+            read_variant: caches.turns.hash((
+                (globals.session_id, globals.user_id),
+                (
+                    opts.encoding.code(),
+                    opts.max_query_chars,
+                    opts.max_answer_chars,
+                ),
+                opts.english,
+            )),
+            caches,
+            found: None,
             summary: None,
             header,
             separator,
@@ -161,8 +184,8 @@ impl TemplateSelector {
         if !self.has_room() {
             return Ok(false);
         }
-        let (turn, piece, bytes) = self.measure(c)?;
-        let run = Run::segment(&piece, &self.counter);
+        let (turn, rendered, bytes) = self.measure(c)?;
+        let run = rendered.run.clone();
         let mut with_first = std::mem::take(&mut self.before).then(run, &self.counter);
         let total = with_first.count_joined(&mut self.footer_run, &self.counter);
         if let Err(why) = self.fits(total, self.bytes + bytes) {
@@ -170,7 +193,7 @@ impl TemplateSelector {
             return Ok(false);
         }
         self.before = with_first.then(self.separator_run.clone(), &self.counter);
-        self.first = Some((turn, piece));
+        self.first = Some((turn, rendered.piece.clone()));
         self.accept(total, bytes);
         Ok(true)
     }
@@ -181,8 +204,8 @@ impl TemplateSelector {
         if !self.has_room() {
             return Ok(false);
         }
-        let (turn, piece, bytes) = self.measure(c)?;
-        let run = Run::segment(&piece, &self.counter);
+        let (turn, rendered, bytes) = self.measure(c)?;
+        let run = rendered.run.clone();
         let mut rest = match self.after.take() {
             None => run.then(self.footer_run.clone(), &self.counter),
             Some(after) => run
@@ -195,7 +218,7 @@ impl TemplateSelector {
             return Ok(false);
         }
         self.after = Some(rest);
-        self.chosen.push((turn, piece));
+        self.chosen.push((turn, rendered.piece.clone()));
         self.accept(total, bytes);
         Ok(true)
     }
@@ -215,7 +238,12 @@ impl TemplateSelector {
         } = self;
         let included = summary.is_some();
         let mut rendered = summary.unwrap_or_default();
-        let mut turns = Vec::with_capacity(chosen.len() + 1);
+        let pieces: usize = first.iter().chain(&chosen).map(|(_, p)| p.len()).sum();
+        let count = chosen.len() + usize::from(first.is_some());
+        rendered.reserve(
+            pieces + header.len() + footer.len() + separator.len() * count.saturating_sub(1),
+        );
+        let mut turns = Vec::with_capacity(count);
         for (turn, piece) in first.into_iter().chain(chosen.into_iter().rev()) {
             rendered.push_str(if turns.is_empty() {
                 &header
@@ -268,8 +296,55 @@ impl TemplateSelector {
         self.room -= 1;
     }
 
-    /// Truncates the contents as `Selector` does, and renders the turn.
-    fn measure(&self, c: Candidate) -> Result<(SelectedTurn, String, u64), TemplateError> {
+    /// Whether taking `c` is cheap enough for an async worker: its
+    /// rendering is cached, and joining it to its neighbours counts short
+    /// spans only (a few KiB at most, whatever is cached). The rendering
+    /// found is kept for the offer. When nothing more can be taken, taking
+    /// costs nothing.
+    pub fn ready(&mut self, c: &Candidate) -> bool {
+        if self.stopped.is_some() || self.room == 0 {
+            return true;
+        }
+        let key = self.key(c);
+        let Some(rendered) = self.caches.turns.get(&key) else {
+            return false;
+        };
+        let (head, tail) = rendered.run.ends();
+        let (_, before) = self.before.ends();
+        let (separator_head, separator_tail) = self.separator_run.ends();
+        let (footer, _) = self.footer_run.ends();
+        let after = self.after.as_ref().map_or(0, |a| a.ends().0);
+        let next = separator_head + separator_tail + footer + after;
+        self.found = Some((key, rendered));
+        before + head <= 4 * MAX_END_BYTES && tail + next <= 4 * MAX_END_BYTES
+    }
+
+    /// The key of `c`'s rendering under this read: everything the template
+    /// sees of the turn and the globals, and what the read makes of its
+    /// contents (which it holds cut for truncation, or English copies).
+    fn key(&self, c: &Candidate) -> TurnKey {
+        let content = |t: &crate::history::Content| (t.text.len(), t.whole);
+        let variant = (
+            self.read_variant,
+            (c.seq, c.started_at, c.finalized_at),
+            (content(&c.user_query), content(&c.final_answer)),
+        );
+        self.caches
+            .turns
+            .key(self.template.id(), c.turn_id, variant)
+    }
+
+    /// Truncates the contents as `Selector` does, and renders and counts
+    /// the turn, or finds it rendered and counted.
+    fn measure(
+        &mut self,
+        c: Candidate,
+    ) -> Result<(SelectedTurn, Arc<Rendered>, u64), TemplateError> {
+        let key = self.key(&c);
+        let found = match self.found.take() {
+            Some((k, rendered)) if k == key => Some(rendered),
+            _ => self.caches.turns.get(&key),
+        };
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
         let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
         let bytes = (user_query.len() + final_answer.len()) as u64;
@@ -286,8 +361,16 @@ impl TemplateSelector {
             },
             truncated: query_cut || answer_cut,
         };
-        let piece = self.template.turn(&self.globals, &turn)?;
-        Ok((turn, piece, bytes))
+        let rendered = match found {
+            Some(rendered) => rendered,
+            None => {
+                let piece = self.template.turn(&self.globals, &turn)?;
+                let run = Run::segment(&piece, &self.counter);
+                let piece = piece.into();
+                self.caches.turns.put(key, Rendered { piece, run })
+            }
+        };
+        Ok((turn, rendered, bytes))
     }
 }
 
@@ -400,7 +483,7 @@ mod tests {
         o: &Options,
         t: &Template,
         summary: Option<&Summary>,
-        cache: &Arc<CountCache>,
+        caches: &Caches,
     ) -> Result<TemplateSelection, TemplateError> {
         let read = cs.iter().map(|c| Candidate {
             user_query: Content::for_read(&c.user_query.text, o.max_query_chars),
@@ -408,7 +491,7 @@ mod tests {
             ..c.clone()
         });
         let mut read = read.collect::<Vec<_>>().into_iter();
-        let mut s = TemplateSelector::with_cache(t, o, &GLOBALS, summary, cache.clone())?;
+        let mut s = TemplateSelector::with_caches(t, o, &GLOBALS, summary, caches.clone())?;
         if o.keep_first
             && let Some(first) = read.next()
             && !s.reserve_first(first)?
@@ -501,8 +584,8 @@ mod tests {
         t: &Template,
         summary: Option<&Summary>,
     ) -> Result<TemplateSelection, TestCaseError> {
-        let cache = Arc::new(CountCache::new(1 << 12));
-        let s = pick(cs, o, t, summary, &cache).unwrap();
+        let caches = Caches::new(1 << 12, 1 << 20);
+        let s = pick(cs, o, t, summary, &caches).unwrap();
         let rendered = t
             .render(&GLOBALS, summary.filter(|_| s.summary), &s.turns)
             .unwrap();
@@ -529,11 +612,11 @@ mod tests {
             // Taking one more (or the summary alone) would exceed the budget.
             prop_assert!(refused.is_some_and(|n| n > o.max_tokens));
         }
-        // A second read counts the same through the warm cache, and
-        // tokenizes nothing.
-        let tokenized = cache.tokenized();
-        prop_assert_eq!(pick(cs, o, t, summary, &cache).unwrap(), s.clone());
-        prop_assert_eq!(cache.tokenized(), tokenized);
+        // A second read counts the same through the warm caches, taking
+        // the turns it renders as rendered before, and tokenizes nothing.
+        let tokenized = caches.counts.tokenized();
+        prop_assert_eq!(pick(cs, o, t, summary, &caches).unwrap(), s.clone());
+        prop_assert_eq!(caches.counts.tokenized(), tokenized);
         Ok(s)
     }
 
@@ -708,15 +791,15 @@ mod tests {
             .map(|(q, a)| (q.as_str(), a.as_str()))
             .collect();
         let cs = candidates(&pairs);
-        let cache = Arc::new(CountCache::new(1 << 14));
+        let caches = Caches::new(1 << 14, 1 << 20);
         let o = Options {
             limit: cs.len(),
             ..opts(enc, 10_000_000)
         };
-        let s = pick(&cs, &o, template, None, &cache).unwrap();
+        let s = pick(&cs, &o, template, None, &caches).unwrap();
         assert_eq!(s.turns.len(), cs.len());
         assert_eq!(s.token_count, enc.count(&s.rendered));
-        (cache.tokenized_bytes(), s.rendered.len() as u64)
+        (caches.counts.tokenized_bytes(), s.rendered.len() as u64)
     }
 
     #[test]
@@ -775,6 +858,80 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.line, Some(2), "{err}");
+    }
+
+    #[test]
+    fn a_turn_rendered_before_is_taken_only_by_a_read_that_renders_it_alike() {
+        // Arrange: a template whose turns show the user, one set of caches,
+        // and turns long enough for a truncation to cut.
+        let t = Template::compile(
+            "owner",
+            "{% macro turn(turn) %}{{ user_id }} asked: {{ turn.user_query }}\nanswer: {{ turn.final_answer }}{% endmacro %}",
+        )
+        .unwrap();
+        let caches = Caches::new(1 << 12, 1 << 20);
+        let cs = candidates(&[
+            ("first question", "first answer"),
+            ("second one", "and more"),
+        ]);
+        let o = opts(Encoding::O200kBase, 4096);
+        let read = |globals: &Globals<'_>, o: &Options| {
+            let mut s =
+                TemplateSelector::with_caches(&t, o, globals, None, caches.clone()).unwrap();
+            for c in cs.iter().rev() {
+                let c = Candidate {
+                    user_query: Content::for_read(&c.user_query.text, o.max_query_chars),
+                    final_answer: Content::for_read(&c.final_answer.text, o.max_answer_chars),
+                    ..c.clone()
+                };
+                assert!(s.offer(c).unwrap());
+            }
+            s.finish().rendered
+        };
+        let bob = Globals {
+            user_id: Some("bob"),
+            ..GLOBALS
+        };
+        let cut = Options {
+            max_query_chars: Some(5),
+            ..o.clone()
+        };
+
+        // Act
+        let first = read(&GLOBALS, &o);
+        let hits = caches.turns.hits();
+        let again = read(&GLOBALS, &o);
+        let hits_again = caches.turns.hits() - hits;
+        let claimed = read(&bob, &o);
+        let truncated = read(&GLOBALS, &cut);
+
+        // Assert: the repeated read took both turns from the cache; a read
+        // with other globals or another truncation rendered its own.
+        assert_eq!(hits_again, 2);
+        assert_eq!(again, first);
+        assert_eq!(
+            first,
+            "alice asked: first question\nanswer: first answer\
+             alice asked: second one\nanswer: and more"
+        );
+        assert_eq!(claimed, first.replace("alice", "bob"));
+        assert_eq!(
+            truncated,
+            "alice asked: first [truncated]\nanswer: first answer\
+             alice asked: secon [truncated]\nanswer: and more"
+        );
+        // What a read may take on a worker: turns it finds rendered alike.
+        let ready = |globals: &Globals<'_>| {
+            let mut s =
+                TemplateSelector::with_caches(&t, &o, globals, None, caches.clone()).unwrap();
+            cs.iter().rev().map(|c| s.ready(c)).collect::<Vec<_>>()
+        };
+        assert_eq!(ready(&bob), [true, true]);
+        let carol = Globals {
+            user_id: Some("carol"),
+            ..GLOBALS
+        };
+        assert_eq!(ready(&carol), [false, false]);
     }
 
     fn content() -> impl Strategy<Value = String> {
