@@ -5,8 +5,9 @@
 //! session's turns oldest first, at most `PAGE_BYTES` of texts a call) and
 //! sends the lines in chunks through a channel of `CHANNEL` chunks: it
 //! waits while the client reads slowly, so at most a few pages are in
-//! memory. A store failure or the export's deadline ends the stream without
-//! its last newline, so a client sees a cut export as an error.
+//! memory. A store failure or the export's deadline ends the body with an
+//! error: the connection is closed before the chunked body's end, so a
+//! client sees a cut export as a transport error, never as a short one.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -71,7 +72,8 @@ pub struct ExportedSession {
 /// (`application/x-ndjson`), in the order of the sessions list; each holds
 /// its finalized turns, oldest first, and its summary. Streamed: memory
 /// stays bounded whatever the user holds. The status is sent first: a
-/// failure later ends the stream early, without the last line's newline.
+/// failure later closes the connection before the body's end (an HTTP
+/// client reports an error).
 /// An unknown user has an empty export.
 #[utoipa::path(
     get,

@@ -1,7 +1,8 @@
 """The README examples run as written against a test server: the first
 Python example of this client's README and of the project's README (the
-RAG flow), and every other block of this README that reads
-``TURNSTORE_URL``, checked against what it prints."""
+RAG flow), every other block of this README that reads
+``TURNSTORE_URL``, and the shell blocks of the project README's "History
+strategies", each checked against what it prints."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Union
+from typing import Callable, Dict, Iterator, List, Tuple, Union
 
 import pytest
-from support import Server
+from support import Server, start_turnstore
 
 HERE = Path(__file__).resolve().parent.parent
 READMES = {
@@ -116,3 +117,92 @@ def test_a_readme_example_runs(server: Server, section: str) -> None:
         assert stdout == expected
     else:
         assert expected(stdout, suffix), stdout
+
+
+def strategy_blocks(readme: Path) -> Dict[str, str]:
+    """The ```sh blocks under "## History strategies" that read
+    ``TURNSTORE_URL``, and its ```jinja block, by their "### " heading."""
+    text = readme.read_text("utf-8")
+    section = text.split("\n## History strategies\n", 1)[1].split("\n## ", 1)[0]
+    blocks: Dict[str, str] = {}
+    heading = ""
+    pattern = re.compile(r"^### ([^\n]*)$|^```(sh|jinja)\n(.*?)^```", re.M | re.S)
+    for match in pattern.finditer(section):
+        if match.group(1) is not None:
+            heading = match.group(1)
+        elif match.group(2) == "jinja":
+            blocks["template file"] = match.group(3)
+        elif "TURNSTORE_URL" in match.group(3):
+            blocks[heading] = match.group(3)
+    return blocks
+
+
+# What each block prints, in README order (they build on each other). The
+# README shows each line as a comment; the export's creation time varies.
+STRATEGIES = {
+    "Import a transcript": [
+        '{"session_id":"chat-44","user_id":"alice","imported_turns":3,"first_seq":1,"last_seq":3}'
+    ],
+    "Rolling summaries, kept by your client": [
+        '"unsummarized":{"after_seq":0,"through_seq":2,"turns":2,"tokens":38}}',
+        '"through_seq":2',
+        "### Conversation summary:",
+        "Alice asked about vector indexes and chose HNSW for recall.",
+        "",
+        "### Conversation history:",
+        "User: How much memory does it take?",
+        "Assistant: About 1.5 times the vectors.",
+    ],
+    "Templates": [
+        '<history><turn role="user">How much memory does it take?</turn>'
+        '<turn role="assistant">About 1.5 times the vectors.</turn></history>',
+        "Earlier in this conversation:",
+        "[2] Q: Which one should I use?",
+        "A: HNSW, for recall.",
+        "[3] Q: How much memory does it take?",
+        "A: About 1.5 times the vectors.",
+    ],
+    "Export, and translations": ['{"session_id":"chat-44","created_at":"'],
+}
+
+
+@pytest.fixture(params=["memory", "redis"])
+def strategies_server(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[Tuple[Server, Dict[str, str]]]:
+    """A fresh server whose templates are the README's template file."""
+    blocks = strategy_blocks(READMES["project"])
+    (tmp_path / "numbered.jinja").write_text(blocks["template file"], "utf-8")
+    env = {"TURNSTORE_TEMPLATES_DIR": str(tmp_path)}
+    if request.param == "redis":
+        env["TURNSTORE_REDIS_URL"] = request.getfixturevalue("redis_url")
+    srv = start_turnstore(request.param, env)
+    yield srv, blocks
+    srv.stop()
+
+
+def test_the_history_strategies_run_as_the_readme_shows(
+    strategies_server: Tuple[Server, Dict[str, str]],
+) -> None:
+    server, blocks = strategies_server
+    assert sorted(b for b in blocks if b != "template file") == sorted(STRATEGIES)
+    for heading, expected in STRATEGIES.items():
+        block = blocks[heading]
+        # The README shows what the block prints (the export's first 60
+        # characters, with some creation time).
+        shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
+        for line in expected:
+            assert any(s.startswith(line) for s in shown) or line == "", (heading, line)
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            env={**os.environ, "TURNSTORE_URL": server.url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, (heading, result.stderr)
+        printed = result.stdout.splitlines()
+        if heading == "Export, and translations":
+            assert len(printed) == 1 and printed[0].startswith(expected[0]), printed
+        else:
+            assert printed == expected, (heading, result.stdout)

@@ -184,7 +184,8 @@ export interface paths {
          *     (`application/x-ndjson`), in the order of the sessions list; each holds
          *     its finalized turns, oldest first, and its summary. Streamed: memory
          *     stays bounded whatever the user holds. The status is sent first: a
-         *     failure later ends the stream early, without the last line's newline.
+         *     failure later closes the connection before the body's end (an HTTP
+         *     client reports an error).
          *     An unknown user has an empty export.
          */
         get: operations["export"];
