@@ -274,19 +274,9 @@ async fn silent_connections_piling_up_do_not_lock_out_requests() {
     }
 
     // Act
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
     let mut statuses = vec![];
     for i in 0..5 {
-        let res = http
-            .post(format!("{}/v1/turns", ts.base()))
-            .json(&json!({"session_id": format!("busy-{i}"), "user_query": "q"}))
-            .send()
-            .await;
-        statuses.push(res.map(|r| r.status().as_u16()).map_err(|e| e.to_string()));
+        statuses.push(start_on_a_new_connection(&ts, &format!("busy-{i}")).await);
     }
 
     // Assert
@@ -297,4 +287,66 @@ async fn silent_connections_piling_up_do_not_lock_out_requests() {
     );
     let still_open = silent.iter().filter(|t| is_open(t)).count();
     assert!(still_open <= 64, "{still_open} silent connections kept");
+}
+
+/// A start on a connection of its own: its status, or why it got none.
+async fn start_on_a_new_connection(ts: &Turnstore, session: &str) -> Result<u16, String> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    http.post(format!("{}/v1/turns", ts.base()))
+        .json(&json!({"session_id": session, "user_query": "q"}))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .map_err(|e| e.to_string())
+}
+
+/// `TURNSTORE_MAX_CONNECTIONS` below the file limit: 40 clients sending a
+/// head a line at a time, never finishing it, pile up past a cap of 16.
+/// Real requests on new connections are still answered (the slow heads,
+/// which never sent a whole request, make way), and no more connections
+/// than the cap stay open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_makes_slow_heads_piling_up_give_way() {
+    use tokio::io::AsyncWriteExt;
+    // Arrange: timeouts long enough that only the cap can make room.
+    let ts = Turnstore::spawn(&[
+        ("TURNSTORE_MAX_CONNECTIONS", "16".into()),
+        ("TURNSTORE_HEADER_TIMEOUT", "60s".into()),
+        ("TURNSTORE_IDLE_TIMEOUT", "60s".into()),
+    ]);
+    let mut slow = vec![];
+    for _ in 0..40 {
+        let mut tcp = tokio::net::TcpStream::connect(ts.listen()).await.unwrap();
+        let _ = tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n").await;
+        slow.push(tcp);
+    }
+
+    // Act: the slow heads go on, a line each every 100 ms, while five real
+    // requests come on connections of their own.
+    let mut statuses = vec![];
+    for i in 0..5 {
+        for (n, tcp) in slow.iter_mut().enumerate() {
+            let _ = tcp
+                .write_all(format!("X-Slow-{i}-{n}: 1\r\n").as_bytes())
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        statuses.push(start_on_a_new_connection(&ts, &format!("capped-{i}")).await);
+    }
+
+    // Assert
+    assert!(
+        statuses.iter().all(|s| s == &Ok(201)),
+        "{statuses:?}\n{}",
+        ts.log()
+    );
+    let still_open = slow.iter().filter(|t| is_open(t)).count();
+    assert!(
+        still_open < 16,
+        "{still_open} slow heads kept past a cap of 16"
+    );
 }

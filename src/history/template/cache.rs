@@ -167,9 +167,10 @@ impl CountCache {
     }
 }
 
-/// A panic elsewhere while a shard was locked leaves nothing half-written
-/// (each change is one map call), so a poisoned lock is used as it is.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+/// A panic elsewhere while a shard (of this cache or of `rendered`'s) was
+/// locked leaves nothing half-written (each change is one map call and its
+/// byte count), so a poisoned lock is used as it is.
+pub(super) fn lock<T>(shard: &Mutex<T>) -> MutexGuard<'_, T> {
     shard
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

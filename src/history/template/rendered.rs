@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use super::cache::lock;
 use super::joints::Run;
 use crate::domain::TurnId;
 
@@ -235,15 +236,6 @@ impl TurnCache {
         }
         s.young.insert(key, value);
     }
-}
-
-/// A panic elsewhere while a shard was locked leaves nothing half-written
-/// (each change is one map call and its byte count), so a poisoned lock is
-/// used as it is.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    shard
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
