@@ -11,6 +11,10 @@
 //! - `replay <base> <redis>`: a session with 1,000 finalized and 63
 //!   pending turns, each with an idempotency key (the service's limits
 //!   must allow 1,063 turns and 63 pending); times replays.
+//! - `pending <base> <redis>`: a session of 20 finalized turns and 63
+//!   pending ones of the largest question (32 KiB): reads, summary writes
+//!   and starts each look for the oldest pending turn (a summary may not
+//!   cover it); times them, with the longest Redis command.
 //! - `erase <base> <redis> <sessions>`: one user with that many sessions;
 //!   times `DELETE /v1/users/{id}` until `complete`, and a full listing.
 
@@ -323,6 +327,68 @@ async fn replay(base: &str, url: &str) -> Result<(), Fail> {
     Ok(())
 }
 
+async fn pending(base: &str, url: &str) -> Result<(), Fail> {
+    let session = format!("pending-{}", uuid::Uuid::new_v4().simple());
+    let http = reqwest::Client::new();
+    let start = |query: String| {
+        http.post(format!("{base}/v1/turns"))
+            .json(&json!({"session_id": session, "user_query": query,
+                          "history": {"summary": true, "limit": 1}}))
+            .send()
+    };
+    for i in 0..20 {
+        let started: Value = start(format!("question {i}")).await?.json().await?;
+        let turn = started["turn_id"].as_str().ok_or("no turn id")?;
+        http.post(format!(
+            "{base}/v1/sessions/{session}/turns/{turn}/finalize"
+        ))
+        .json(&json!({"final_answer": "an answer"}))
+        .send()
+        .await?
+        .error_for_status()?;
+    }
+    let largest = "x ".repeat(16 * 1024);
+    for _ in 0..63 {
+        start(largest.clone()).await?.error_for_status()?;
+    }
+    let mut redis = redis::Client::open(url)?.get_connection()?;
+    reset_slowlog(&mut redis);
+    let (n, mut worst) = (200, 0.0f64);
+    let t = Instant::now();
+    for i in 0..n {
+        let started = Instant::now();
+        let res = if i % 2 == 0 {
+            http.get(format!(
+                "{base}/v1/sessions/{session}/history?summary=true&limit=1"
+            ))
+            .send()
+            .await?
+        } else {
+            http.put(format!("{base}/v1/sessions/{session}/summary"))
+                .json(&json!({"summary": "so far", "through_seq": (1 + i / 2).min(20)}))
+                .send()
+                .await?
+        };
+        res.error_for_status()?;
+        worst = worst.max(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!(
+        "reads and summary writes beside 63 pending turns of 32 KiB: {n}, mean_ms={:.2} worst_ms={worst:.2} longest_redis_ms={:.2}",
+        t.elapsed().as_secs_f64() * 1000.0 / f64::from(n),
+        slowest(&mut redis)
+    );
+    reset_slowlog(&mut redis);
+    let started = Instant::now();
+    let res = start("one more".into()).await?;
+    println!(
+        "the 64th pending start, with its history: status={} ms={:.2} longest_redis_ms={:.2}",
+        res.status().as_u16(),
+        started.elapsed().as_secs_f64() * 1000.0,
+        slowest(&mut redis)
+    );
+    Ok(())
+}
+
 async fn erase(base: &str, url: &str, sessions: usize) -> Result<(), Fail> {
     let store = store(url);
     let user = UserId::parse(format!("big-user-{}", uuid::Uuid::new_v4().simple()))?;
@@ -401,9 +467,12 @@ async fn main() -> Result<(), Fail> {
     match (arg(1), arg(2), arg(3)) {
         ("reads", base, url) => reads(base, url, arg(4).parse().unwrap_or(1000)).await,
         ("replay", base, url) => replay(base, url).await,
+        ("pending", base, url) => pending(base, url).await,
         ("erase", base, url) => erase(base, url, arg(4).parse().unwrap_or(100_000)).await,
         _ => {
-            eprintln!("usage: limits reads|replay|erase <turnstore base url> <redis url> [count]");
+            eprintln!(
+                "usage: limits reads|replay|pending|erase <turnstore base url> <redis url> [count]"
+            );
             std::process::exit(2);
         }
     }

@@ -15,6 +15,7 @@ conformance!(
     the_summary_counts_first_and_alone_when_nothing_else_fits,
     unsummarized_names_exactly_what_to_fold_next,
     a_summary_never_covers_a_pending_turn,
+    pending_seqs_are_read_without_loading_questions,
     many_turns_waiting_behind_a_pending_turn_are_not_summed,
     a_client_folds_its_history_into_a_rolling_summary,
     clearing_and_erasing_delete_the_summary,
@@ -418,6 +419,78 @@ async fn a_summary_never_covers_a_pending_turn(backend: Backend) {
         StatusCode::OK,
     )
     .await;
+}
+
+/// Redis keeps each pending turn's seq in a short field of its own, so
+/// that finding the oldest pending turn loads no question: the field
+/// leaves with its turn (finalized, aborted, expired), and a turn started
+/// before such fields existed is still found (from its record).
+async fn pending_seqs_are_read_without_loading_questions(backend: Backend) {
+    if backend == Backend::Memory {
+        return; // no records
+    }
+    let app = TestApp::spawn_with(backend, |s| {
+        s.pending_ttl = std::time::Duration::from_millis(800)
+    })
+    .await;
+    let s = session_of(&app, 1).await;
+    // The marks: fields of 16 bytes (a turn id) and a 'p'. Counted, or
+    // deleted, by a script on the node that holds the session.
+    let key = format!("{}:{{{s}}}:r", app.settings.key_prefix);
+    let marks = |app: &TestApp, delete: bool| -> usize {
+        let script = "local n = 0 \
+            for _, f in ipairs(redis.call('HKEYS', KEYS[1])) do \
+              if #f == 17 and string.sub(f, 17) == 'p' then \
+                n = n + 1 \
+                if ARGV[1] == '1' then redis.call('HDEL', KEYS[1], f) end \
+              end \
+            end return n";
+        let flag = if delete { "1" } else { "0" };
+        let counts: Vec<usize> = app
+            .on_every_redis(&["EVAL", script, "1", &key, flag])
+            .iter()
+            .filter_map(|out| out.trim().parse().ok())
+            .collect();
+        assert_eq!(counts.len(), 1, "one node holds the session: {counts:?}");
+        counts[0]
+    };
+    // An old pending turn: its mark removed, as if started before marks.
+    let old = app
+        .started(json!({"session_id": s, "user_query": "q2"}))
+        .await;
+    assert_eq!(marks(&app, true), 1);
+    assert_eq!(marks(&app, false), 0);
+    app.complete(&s, "q3", "a3").await;
+
+    let h = app.history_ok(&s, "limit=1").await;
+    let p = problem(
+        app.put_summary(&s, json!({"summary": "s", "through_seq": 2}))
+            .await,
+        422,
+        "validation_failed",
+    )
+    .await;
+
+    assert_eq!(h["unsummarized"]["through_seq"], 1, "{h}");
+    assert!(p.to_string().contains("turn 2 is still pending"), "{p}");
+    // Marks leave with their turns: finalized, aborted, expired.
+    let aborted = app
+        .started(json!({"session_id": s, "user_query": "q4"}))
+        .await;
+    let expiring = app
+        .started(json!({"session_id": s, "user_query": "q5"}))
+        .await;
+    assert_eq!(marks(&app, false), 2);
+    let res = app
+        .finalize(&s, old["turn_id"].as_str().unwrap(), "a2")
+        .await;
+    assert_eq!(res.status(), 200);
+    let res = app.abort(&s, aborted["turn_id"].as_str().unwrap()).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(marks(&app, false), 1);
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    app.complete(&s, "q6", "a6").await; // its start purges the expired one
+    assert_eq!(marks(&app, false), 0, "{expiring}");
 }
 
 /// Summing what waits behind a pending turn costs a walk over it: past

@@ -11,7 +11,9 @@
 --        idempotency key: 'k:' .. key -> turn id .. seq .. ' ' .. request hash
 --   2 r  records hash: turn id -> pending record, or a finalized record's
 --        head; turn id .. 't' -> its tail, if it has one (see HEAD);
---        turn id .. 'e' -> its English copies, if it has any (ENGLISH)
+--        turn id .. 'e' -> its English copies, if it has any (ENGLISH);
+--        turn id .. 'p' -> a pending turn's seq (a turn started before
+--        these fields has none: its record is read)
 --   3 s  turns zset, in two ranges of scores: finalized turns scored by
 --        their seq (below LIVE), members turn id .. costs (COSTS below);
 --        pending turns scored by the ms they expire (above LIVE: every
@@ -94,6 +96,7 @@ local function forget(ids, keyed)
     fields[#fields + 1] = id
     fields[#fields + 1] = id .. 't'
     fields[#fields + 1] = id .. 'e'
+    fields[#fields + 1] = id .. 'p'
   end
   redis.call('HDEL', KEYS[2], unpack(fields))
 end
@@ -199,16 +202,33 @@ local function live_pending(now)
   return redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
 end
 
+-- The seqs of the pending turns live at `now`, read from their short
+-- '<id>p' fields (the records hold whole questions); a turn started before
+-- those fields were written is read from its record.
+local function pending_seqs(now)
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')
+  if #ids == 0 then return {} end
+  local marks = {}
+  for i, id in ipairs(ids) do marks[i] = id .. 'p' end
+  local seqs = {}
+  for i, mark in ipairs(redis.call('HMGET', KEYS[2], unpack(marks))) do
+    local seq = tonumber(mark)
+    if not seq then
+      local rec = redis.call('HGET', KEYS[2], ids[i])
+      seq = rec and tonumber(string.match(rec, '^%?(%d+)'))
+    end
+    if seq then seqs[#seqs + 1] = seq end
+  end
+  return seqs
+end
+
 -- The seq of the oldest pending turn live at `now`, or nil. A summary may
 -- not cover it (it may yet be finalized), so the unsummarized turns end
 -- below it. Costs the live pending turns (at most the pending cap).
 local function oldest_pending(now)
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')
-  if #ids == 0 then return nil end
   local oldest = nil
-  for _, rec in ipairs(redis.call('HMGET', KEYS[2], unpack(ids))) do
-    local seq = rec and tonumber(string.match(rec, '^%?(%d+)'))
-    if seq and (not oldest or seq < oldest) then oldest = seq end
+  for _, seq in ipairs(pending_seqs(now)) do
+    if not oldest or seq < oldest then oldest = seq end
   end
   return oldest
 end

@@ -4,7 +4,7 @@ local tid = ARGV[2]
 local rec = redis.call('HGET', KEYS[2], tid)
 if not rec then return 'not_found' end
 drop_key(key_of(rec), tid)
-redis.call('HDEL', KEYS[2], tid, tid .. 't', tid .. 'e')
+redis.call('HDEL', KEYS[2], tid, tid .. 't', tid .. 'e', tid .. 'p')
 if is_pending(rec) then
   local deadline = redis.call('ZSCORE', KEYS[3], tid)
   redis.call('ZREM', KEYS[3], tid)

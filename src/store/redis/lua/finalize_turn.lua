@@ -57,6 +57,7 @@ if english then
   fields[#fields + 1] = english
 end
 redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('HDEL', KEYS[2], tid .. 'p')
 redis.call('ZREM', KEYS[3], tid)
 redis.call('ZADD', KEYS[3], seq, member)
 

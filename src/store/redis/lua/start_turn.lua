@@ -39,9 +39,8 @@ if key ~= '' and meta[5] then
     -- Live pending turns are at most the cap (plus a purge's backlog).
     seq = tonumber(seq)
     local before = 0
-    for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf')) do
-      local p = redis.call('HGET', KEYS[2], id)
-      if p and tonumber(string.match(p, '^%?(%d+)')) < seq then before = before + 1 end
+    for _, p in ipairs(pending_seqs(now)) do
+      if p < seq then before = before + 1 end
     end
     local started = string.match(rec, '^%??%d+ (%d+)')
     local page = reading and walk(9, seq, nil, now) or false
@@ -104,10 +103,12 @@ if key ~= '' then
   if not meta[3] then set('keyed', '1') end
 end
 redis.call('HSET', KEYS[1], unpack(fields))
+-- '<id>p': the seq alone, so that finding the oldest pending turn does
+-- not load questions.
 if english ~= '' then
-  redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail, tid_new .. 'e', english)
+  redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail, tid_new .. 'p', seq, tid_new .. 'e', english)
 else
-  redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail)
+  redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail, tid_new .. 'p', seq)
 end
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
 local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now) or false
