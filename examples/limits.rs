@@ -89,8 +89,16 @@ async fn turn(
     id
 }
 
-/// Redis' longest command since the last reset, in ms.
+/// Redis' longest command since the last reset, in ms (but SLOWLOG's own:
+/// the reset frees the log before it, and is logged).
 fn slowest(redis: &mut redis::Connection) -> f64 {
+    let slowlog = |args: Option<&redis::Value>| match args {
+        Some(redis::Value::Array(args)) => matches!(
+            args.first(),
+            Some(redis::Value::BulkString(name)) if name.eq_ignore_ascii_case(b"slowlog")
+        ),
+        _ => false,
+    };
     let log: Vec<Value> = redis::cmd("SLOWLOG")
         .arg("GET")
         .arg(100_000)
@@ -98,7 +106,7 @@ fn slowest(redis: &mut redis::Connection) -> f64 {
         .unwrap_or_default()
         .into_iter()
         .filter_map(|e| match e {
-            redis::Value::Array(f) => match f.get(2) {
+            redis::Value::Array(f) if !slowlog(f.get(3)) => match f.get(2) {
                 Some(redis::Value::Int(us)) => Some(json!(*us)),
                 _ => None,
             },
