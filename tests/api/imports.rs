@@ -18,15 +18,6 @@ conformance!(
 );
 
 impl TestApp {
-    async fn import(&self, session: &str, body: Value) -> Response {
-        self.http
-            .post(self.url(&format!("/v1/sessions/{session}/import")))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-    }
-
     async fn import_with_key(&self, session: &str, key: &str, body: Value) -> Response {
         self.http
             .post(self.url(&format!("/v1/sessions/{session}/import")))

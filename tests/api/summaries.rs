@@ -510,13 +510,7 @@ async fn many_turns_waiting_behind_a_pending_turn_are_not_summed(backend: Backen
                 ]
             })
             .collect();
-        let res = app
-            .http
-            .post(app.url(&format!("/v1/sessions/{s}/import")))
-            .json(&json!({ "messages": messages }))
-            .send()
-            .await
-            .unwrap();
+        let res = app.import(&s, json!({ "messages": messages })).await;
         assert_eq!(res.status(), 201);
         let h = app.history_ok(&s, "limit=1").await;
         let blocks = "User: q1\nAssistant: a1\n\nUser: q2\nAssistant: a2";

@@ -410,13 +410,7 @@ async fn a_long_backlog_is_folded_over_several_runs(backend: Backend) {
             ]
         })
         .collect();
-    let res = app
-        .http
-        .post(app.url(&format!("/v1/sessions/{s}/import")))
-        .json(&json!({ "messages": messages }))
-        .send()
-        .await
-        .unwrap();
+    let res = app.import(&s, json!({ "messages": messages })).await;
     ok_json(res, StatusCode::CREATED).await;
     summary_through(&app, &s, 39).await;
     let requests = fake.stats().await["requests"].as_u64().unwrap();

@@ -148,6 +148,15 @@ impl TestApp {
         res.text().await.unwrap()
     }
 
+    pub async fn import(&self, session: &str, body: Value) -> Response {
+        self.http
+            .post(self.url(&format!("/v1/sessions/{session}/import")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn history(&self, session: &str, query: &str) -> Response {
         self.http
             .get(self.url(&format!("/v1/sessions/{session}/history?{query}")))
