@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{Backend, TestApp, count, ok_json, problem, sid};
+use crate::support::{Backend, TestApp, count, ok_json, problem, seqs, sid};
 
 conformance!(
     a_transcript_becomes_finalized_turns,
@@ -234,13 +234,7 @@ async fn imports_append_claim_and_trim_like_turns(backend: Backend) {
         (json!(3), json!(6))
     );
     let h = app.history_ok(&s, "format=turns").await;
-    let seqs: Vec<u64> = h["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["seq"].as_u64().unwrap())
-        .collect();
-    assert_eq!(seqs, [3, 4, 5, 6], "the oldest went first");
+    assert_eq!(seqs(&h), [3, 4, 5, 6], "the oldest went first");
     assert_eq!(h["pending_turns"], 1);
     // The pending turn finalizes at its own seq, older than the imported.
     let res = app

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use support::{Backend, TestApp, count, ok_json, problem, sid};
+use support::{Backend, TestApp, count, ok_json, problem, seqs, sid};
 
 /// Runs each named test (an `async fn(Backend)`) on the memory store, on a
 /// redis-server and on a three-master Redis Cluster.
@@ -705,14 +705,6 @@ async fn limit_bounds_the_turns(backend: Backend) {
     let three = app.history_ok(&s, "format=turns&limit=3").await;
     let zero = app.history_ok(&s, "limit=0").await;
 
-    let seqs = |h: &Value| -> Vec<u64> {
-        h["turns"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["seq"].as_u64().unwrap())
-            .collect()
-    };
     assert_eq!(seqs(&default), [3, 4]);
     assert_eq!(seqs(&three), [2, 3, 4]);
     assert_eq!(three["omitted_turns"], 1);

@@ -12,7 +12,7 @@ use turnstore::store::{StartTurn, Store};
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens};
 use turnstore::turn::{Finalization, NewPendingTurn, now_millis};
 
-use crate::support::{Backend, TestApp, count, ok_json, problem, sid};
+use crate::support::{Backend, TestApp, count, ok_json, problem, seqs, sid};
 
 conformance!(
     stopped_by_names_the_bound_that_left_turns_out,
@@ -23,15 +23,6 @@ conformance!(
     a_read_loads_only_what_it_returns,
     unreadable_data_is_an_internal_error_not_an_outage,
 );
-
-fn seqs(h: &Value) -> Vec<u64> {
-    h["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["seq"].as_u64().unwrap())
-        .collect()
-}
 
 async fn stopped_by_names_the_bound_that_left_turns_out(backend: Backend) {
     let app = TestApp::spawn(backend).await;

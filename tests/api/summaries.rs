@@ -5,7 +5,7 @@
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{Backend, TestApp, count, ok_json, problem, sid};
+use crate::support::{Backend, TestApp, count, ok_json, problem, seqs, sid};
 
 conformance!(
     a_summary_is_written_read_and_deleted,
@@ -373,13 +373,7 @@ async fn a_summary_never_covers_a_pending_turn(backend: Backend) {
         .await;
     assert_eq!(res.status(), 200);
     let h = app.history_ok(&s, "summary=true&format=turns").await;
-    let seqs: Vec<u64> = h["turns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["seq"].as_u64().unwrap())
-        .collect();
-    assert_eq!(seqs, [2, 3, 4]);
+    assert_eq!(seqs(&h), [2, 3, 4]);
     let h = app.history_ok(&s, "summary=true&limit=1").await;
     assert_eq!(
         h["unsummarized"],

@@ -306,6 +306,16 @@ pub async fn problem(res: Response, status: u16, code: &str) -> Value {
     v
 }
 
+/// The seqs of a `turns` history, in its order.
+pub fn seqs(h: &Value) -> Vec<u64> {
+    h["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["seq"].as_u64().unwrap())
+        .collect()
+}
+
 pub fn sid() -> String {
     format!("s-{}", uuid::Uuid::new_v4().simple())
 }
