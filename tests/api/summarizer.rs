@@ -15,7 +15,7 @@ use turnstore::store::{MemoryStore, Store};
 use turnstore::{Application, Settings};
 
 use crate::fake_llm::FakeLlm;
-use crate::harness::free_port;
+use crate::harness::ClosedPort;
 use crate::support::{Backend, TestApp, ok_json, sid};
 
 conformance!(
@@ -55,18 +55,29 @@ fn summarize_with(s: &mut Settings, url: String, limit: u32, after_tokens: u32) 
 }
 
 /// Waits (up to 30 s) until `check` gives `Some`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match within_30s(check).await {
+        Some(v) => v,
+        None => panic!("never happened: {what}"),
+    }
+}
+
+async fn within_30s<T, F, Fut>(mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
     for _ in 0..600 {
         if let Some(v) = check().await {
-            return v;
+            return Some(v);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("never happened: {what}");
+    None
 }
 
 async fn summary(app: &TestApp, session: &str) -> Option<Value> {
@@ -286,11 +297,12 @@ async fn a_failing_endpoint_changes_nothing_and_is_counted(backend: Backend) {
     );
 
     // An endpoint nobody listens on: a connection failure, counted.
-    let closed = format!("http://127.0.0.1:{}/v1/chat/completions", free_port());
+    let port = ClosedPort::new();
+    let closed = format!("http://127.0.0.1:{}/v1/chat/completions", port.port());
     let app = summarizing(backend, closed, 1, 1).await;
     let s = sid();
     complete(&app, &s, 1..=2).await;
-    eventually("a connection failure counted", || async {
+    let counted = within_30s(|| async {
         (metric(
             &app,
             r#"turnstore_summarizer_failures_total{kind="connection"}"#,
@@ -300,6 +312,17 @@ async fn a_failing_endpoint_changes_nothing_and_is_counted(backend: Backend) {
             .then_some(())
     })
     .await;
+    if counted.is_none() {
+        let metrics = app.metrics().await;
+        let summarizer: Vec<_> = metrics
+            .lines()
+            .filter(|l| l.starts_with("turnstore_summarizer"))
+            .collect();
+        panic!(
+            "no connection failure counted; the summarizer's metrics:\n{}",
+            summarizer.join("\n")
+        );
+    }
     assert!(summary(&app, &s).await.is_none());
 }
 

@@ -21,6 +21,32 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A local port that refuses connections for as long as this lives: bound
+/// but never listening, so no other test's server can take it and no
+/// outgoing connection can pick it as its own port (connecting to a port
+/// [`free_port`] gave back can reach whatever took it since, or the
+/// connection itself).
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl ClosedPort {
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        Self {
+            _socket: socket,
+            port,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
 fn wait_until(
     what: &str,
     timeout: Duration,

@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use crate::client;
-use crate::harness::{Redis, TestCa, Turnstore, free_port};
+use crate::harness::{ClosedPort, Redis, TestCa, Turnstore, free_port};
 
 /// Starts turnstore on `url`; returns what its log and `/readyz` say.
 async fn causes(url: String) -> (String, String) {
@@ -28,6 +28,7 @@ async fn startup_and_readiness_name_what_is_wrong_with_redis() {
     let ca = TestCa::new();
     let plain = Redis::tcp(&["--requirepass", "s3cret-pw"]);
     let tls = Redis::tls(&ca);
+    let closed = ClosedPort::new();
     let cases = [
         (
             format!("redis://:wrong@127.0.0.1:{}", plain.port()),
@@ -54,7 +55,7 @@ async fn startup_and_readiness_name_what_is_wrong_with_redis() {
             "unknown host",
         ),
         (
-            format!("redis://127.0.0.1:{}", free_port()),
+            format!("redis://127.0.0.1:{}", closed.port()),
             "connection refused: nothing listens",
         ),
     ];
