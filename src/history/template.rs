@@ -29,7 +29,7 @@ mod selector;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use minijinja::Value;
 
@@ -39,7 +39,10 @@ pub use sandbox::{FUEL, MAX_OUTPUT_BYTES, RECURSION_LIMIT};
 pub use selector::{TemplateSelection, TemplateSelector, select_template};
 
 use super::SelectedTurn;
+use crate::tokens::Encoding;
+use joints::Counter;
 use sandbox::{Compiled, Part};
+use selector::Fixed;
 
 /// The largest template file loaded: a template is a few macros, not data.
 pub const MAX_TEMPLATE_BYTES: u64 = 256 * 1024;
@@ -125,6 +128,9 @@ impl Caches {
 #[derive(Debug, Clone)]
 pub struct Template {
     compiled: Arc<Compiled>,
+    /// Its fixed parts by encoding (in `Encoding::ALL`'s order), once
+    /// rendered, when they do not depend on the globals.
+    fixed: Arc<[OnceLock<Arc<Fixed>>; Encoding::ALL.len()]>,
 }
 
 /// The same compiled template (reads compare options, templates included).
@@ -143,6 +149,7 @@ impl Template {
         let compiled = Compiled::new(name, source.into())?;
         Ok(Template {
             compiled: Arc::new(compiled),
+            fixed: Arc::default(),
         })
     }
 
@@ -181,6 +188,24 @@ impl Template {
         }
         out.push_str(&self.fixed(&g, Part::Footer)?);
         Ok(out)
+    }
+
+    /// The header, separator and footer under `counter`'s encoding. A
+    /// template that does not use the globals renders them once per
+    /// encoding, not once per read.
+    fn fixed_parts(&self, globals: &Value, counter: &Counter) -> Result<Arc<Fixed>, TemplateError> {
+        if self.compiled.uses_globals() {
+            return Ok(Arc::new(Fixed::render(self, globals, counter)?));
+        }
+        let at = Encoding::ALL
+            .iter()
+            .position(|&e| e == counter.encoding)
+            .expect("every encoding is in ALL");
+        if let Some(fixed) = self.fixed[at].get() {
+            return Ok(fixed.clone());
+        }
+        let fixed = Arc::new(Fixed::render(self, globals, counter)?);
+        Ok(self.fixed[at].get_or_init(|| fixed).clone())
     }
 
     /// `header()`, `separator()` or `footer()`: "" when not defined.

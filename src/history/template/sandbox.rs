@@ -75,6 +75,9 @@ pub(super) struct Compiled {
     /// Where each macro is defined, for errors raised outside its body
     /// (wrong arguments, output too large); by `Part` order.
     lines: [Option<usize>; 5],
+    /// The source names `session_id` or `user_id` somewhere: what it
+    /// renders may depend on the session, not only on a macro's argument.
+    uses_globals: bool,
 }
 
 impl Compiled {
@@ -86,12 +89,18 @@ impl Compiled {
         let mut env = sandbox();
         env.add_template_owned(name.to_owned(), source)
             .map_err(|e| engine_error(&e, None))?;
+        let names = env
+            .get_template(name)
+            .map_err(|e| engine_error(&e, None))?
+            .undeclared_variables(false);
+        let uses_globals = names.contains("session_id") || names.contains("user_id");
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let compiled = Compiled {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name: name.to_owned(),
             env,
             lines,
+            uses_globals,
         };
         let globals = super::context::globals(&super::Globals {
             session_id: "",
@@ -115,6 +124,12 @@ impl Compiled {
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// Whether a rendering may depend on the globals. When not, a macro
+    /// without arguments always renders the same text.
+    pub fn uses_globals(&self) -> bool {
+        self.uses_globals
     }
 
     /// Calls the macro of `part`: `None` when the template does not define

@@ -47,6 +47,38 @@ pub struct TemplateSelection {
     pub stopped_by: Option<StoppedBy>,
 }
 
+/// What a rendering holds whatever its turns: the header, the separator
+/// and the footer, with their runs under one encoding.
+#[derive(Debug)]
+pub(super) struct Fixed {
+    header: String,
+    separator: String,
+    footer: String,
+    header_run: Run,
+    separator_run: Run,
+    footer_run: Run,
+}
+
+impl Fixed {
+    pub fn render(
+        template: &Template,
+        globals: &Value,
+        counter: &Counter,
+    ) -> Result<Fixed, TemplateError> {
+        let header = template.fixed(globals, Part::Header)?;
+        let separator = template.fixed(globals, Part::Separator)?;
+        let footer = template.fixed(globals, Part::Footer)?;
+        Ok(Fixed {
+            header_run: Run::segment(&header, counter),
+            separator_run: Run::segment(&separator, counter),
+            footer_run: Run::segment(&footer, counter),
+            header,
+            separator,
+            footer,
+        })
+    }
+}
+
 /// Selects among candidates offered one at a time, rendering each once.
 #[derive(Debug)]
 pub struct TemplateSelector {
@@ -62,11 +94,7 @@ pub struct TemplateSelector {
     found: Option<(TurnKey, Arc<Rendered>)>,
     /// The summary's rendering, when it is in the selection.
     summary: Option<String>,
-    header: String,
-    separator: String,
-    footer: String,
-    separator_run: Run,
-    footer_run: Run,
+    fixed: Arc<Fixed>,
     /// Everything before the place of the next turn.
     before: Run,
     /// Everything after it; `None` until a turn after the reserved one is
@@ -109,14 +137,10 @@ impl TemplateSelector {
             encoding: opts.encoding,
             cache: caches.counts.clone(),
         };
-        let header = template.fixed(&g, Part::Header)?;
-        let separator = template.fixed(&g, Part::Separator)?;
-        let footer = template.fixed(&g, Part::Footer)?;
+        let fixed = template.fixed_parts(&g, &counter)?;
         let summary_text = summary.map(|s| template.summary(&g, s)).transpose()?;
         let mut s = TemplateSelector {
-            separator_run: Run::segment(&separator, &counter),
-            footer_run: Run::segment(&footer, &counter),
-            before: Run::segment(&header, &counter),
+            before: fixed.header_run.clone(),
             template: template.clone(),
             opts: opts.clone(),
             globals: g,
@@ -132,9 +156,7 @@ impl TemplateSelector {
             caches,
             found: None,
             summary: None,
-            header,
-            separator,
-            footer,
+            fixed,
             after: None,
             first: None,
             chosen: Vec::new(),
@@ -187,12 +209,12 @@ impl TemplateSelector {
         let (turn, rendered, bytes) = self.measure(c)?;
         let run = rendered.run.clone();
         let mut with_first = std::mem::take(&mut self.before).then(run, &self.counter);
-        let total = with_first.count_joined(&mut self.footer_run, &self.counter);
+        let total = with_first.count_joined(&mut self.fixed.footer_run.clone(), &self.counter);
         if let Err(why) = self.fits(total, self.bytes + bytes) {
             self.stopped = Some(why);
             return Ok(false);
         }
-        self.before = with_first.then(self.separator_run.clone(), &self.counter);
+        self.before = with_first.then(self.fixed.separator_run.clone(), &self.counter);
         self.first = Some((turn, rendered.piece.clone()));
         self.accept(total, bytes);
         Ok(true)
@@ -207,9 +229,9 @@ impl TemplateSelector {
         let (turn, rendered, bytes) = self.measure(c)?;
         let run = rendered.run.clone();
         let mut rest = match self.after.take() {
-            None => run.then(self.footer_run.clone(), &self.counter),
+            None => run.then(self.fixed.footer_run.clone(), &self.counter),
             Some(after) => run
-                .then(self.separator_run.clone(), &self.counter)
+                .then(self.fixed.separator_run.clone(), &self.counter)
                 .then(after, &self.counter),
         };
         let total = self.before.count_joined(&mut rest, &self.counter);
@@ -226,9 +248,7 @@ impl TemplateSelector {
     pub fn finish(self) -> TemplateSelection {
         let TemplateSelector {
             summary,
-            header,
-            separator,
-            footer,
+            fixed,
             first,
             chosen,
             tokens,
@@ -236,6 +256,12 @@ impl TemplateSelector {
             stopped,
             ..
         } = self;
+        let Fixed {
+            header,
+            separator,
+            footer,
+            ..
+        } = &*fixed;
         let included = summary.is_some();
         let mut rendered = summary.unwrap_or_default();
         let pieces: usize = first.iter().chain(&chosen).map(|(_, p)| p.len()).sum();
@@ -245,16 +271,12 @@ impl TemplateSelector {
         );
         let mut turns = Vec::with_capacity(count);
         for (turn, piece) in first.into_iter().chain(chosen.into_iter().rev()) {
-            rendered.push_str(if turns.is_empty() {
-                &header
-            } else {
-                &separator
-            });
+            rendered.push_str(if turns.is_empty() { header } else { separator });
             rendered.push_str(&piece);
             turns.push(turn);
         }
         if !turns.is_empty() {
-            rendered.push_str(&footer);
+            rendered.push_str(footer);
         }
         TemplateSelection {
             rendered,
@@ -311,8 +333,8 @@ impl TemplateSelector {
         };
         let (head, tail) = rendered.run.ends();
         let (_, before) = self.before.ends();
-        let (separator_head, separator_tail) = self.separator_run.ends();
-        let (footer, _) = self.footer_run.ends();
+        let (separator_head, separator_tail) = self.fixed.separator_run.ends();
+        let (footer, _) = self.fixed.footer_run.ends();
         let after = self.after.as_ref().map_or(0, |a| a.ends().0);
         let next = separator_head + separator_tail + footer + after;
         self.found = Some((key, rendered));
@@ -997,6 +1019,56 @@ mod tests {
                 ..opts(Encoding::ALL[encoding], 0)
             };
             check(&candidates(&pairs), &o, &t, summary.as_ref())?;
+        }
+    }
+
+    #[test]
+    fn fixed_parts_that_name_a_global_are_rendered_for_each_session() {
+        let sources = [
+            "{% macro turn(t) %}{{ t.user_query }}{% endmacro %}\
+             {% macro header() %}[{{ session_id }}]{% endmacro %}",
+            "{% set who = user_id %}{% macro turn(t) %}{{ t.user_query }}{% endmacro %}\
+             {% macro footer() %}({{ who or 'nobody' }}){% endmacro %}",
+            "{% macro turn(t) %}{{ t.user_query }}{% endmacro %}{% macro separator() %}\
+             {% if user_id is defined %}|{{ user_id|upper }}|{% endif %}{% endmacro %}",
+        ];
+        let cs = candidates(&[("q1", "a1"), ("q2", "a2")]);
+        let turns: Vec<_> = cs
+            .iter()
+            .map(|c| SelectedTurn {
+                turn: TurnView {
+                    turn_id: c.turn_id,
+                    seq: c.seq,
+                    started_at: c.started_at,
+                    finalized_at: c.finalized_at,
+                    user_query: c.user_query.text.clone(),
+                    final_answer: c.final_answer.text.clone(),
+                    user_query_en: None,
+                    final_answer_en: None,
+                },
+                truncated: false,
+            })
+            .collect();
+        let o = opts(Encoding::O200kBase, 4096);
+        for source in sources {
+            let t = Template::compile("g", source).unwrap();
+            assert!(t.compiled.uses_globals(), "{source}");
+            let mut seen = std::collections::HashSet::new();
+            for (session_id, user_id) in [("s1", Some("u1")), ("s2", Some("u2")), ("s3", None)] {
+                let g = Globals {
+                    session_id,
+                    user_id,
+                };
+                let whole = t.render(&g, None, &turns).unwrap();
+                let picked = select_template(cs.clone().into_iter(), &o, &t, &g, None).unwrap();
+                assert_eq!(picked.rendered, whole, "{source}");
+                assert_eq!(picked.token_count, o.encoding.count(&whole), "{source}");
+                seen.insert(whole);
+            }
+            assert_eq!(seen.len(), 3, "{source}: each session its own rendering");
+        }
+        for name in ["xml", "markdown"] {
+            assert!(!builtin(name).compiled.uses_globals(), "{name}");
         }
     }
 }
