@@ -13,6 +13,7 @@ conformance!(
     templates_render_the_summary_first,
     operators_templates_render_and_fail_cleanly,
     unknown_templates_and_other_formats_are_refused,
+    a_templated_read_that_takes_every_turn_is_one_script_call,
 );
 
 /// A session of three turns, one with text that XML must escape.
@@ -281,4 +282,59 @@ async fn unknown_templates_and_other_formats_are_refused(backend: Backend) {
     problem(res, 404, "template_not_found").await;
     let h = ok_json(app.history(&s, "").await, StatusCode::OK).await;
     assert_eq!(h["pending_turns"], 0);
+}
+
+/// Scripts run so far (EVAL and EVALSHA), over every Redis node.
+fn script_calls(app: &TestApp) -> u64 {
+    app.on_every_redis(&["INFO", "commandstats"])
+        .iter()
+        .flat_map(|info| info.lines())
+        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn a_templated_read_that_takes_every_turn_is_one_script_call(backend: Backend) {
+    if backend == Backend::Memory {
+        return; // no scripts
+    }
+    let app = TestApp::spawn(backend).await;
+    let s = sid();
+    for i in 1..=5 {
+        app.complete(&s, &format!("question {i}"), &format!("answer {i}"))
+            .await;
+    }
+    let calls = |query: &'static str| {
+        let (app, s) = (&app, &s);
+        async move {
+            app.history_ok(s, query).await; // its scripts are loaded
+            let before = script_calls(app);
+            let h = app.history_ok(s, query).await;
+            (h, script_calls(app) - before)
+        }
+    };
+    // Every turn handed over is taken: the walk's own description of what
+    // lies below them holds.
+    let (h, n) = calls("template=xml&limit=3").await;
+    assert_eq!(h["included_turns"], 3, "{h}");
+    assert_eq!(h["unsummarized"]["through_seq"], 2, "{h}");
+    assert_eq!(n, 1);
+    // The template's budget stops before the walk does: what lies below
+    // the turns taken is asked for.
+    let two = app.history_ok(&s, "template=xml&limit=2").await["token_count"]
+        .as_u64()
+        .unwrap();
+    let query: &'static str = format!("template=xml&limit=3&max_tokens={two}").leak();
+    let (h, n) = calls(query).await;
+    assert_eq!(h["included_turns"], 2, "{h}");
+    assert_eq!(h["stopped_by"], "max_tokens", "{h}");
+    assert_eq!(h["unsummarized"]["through_seq"], 3, "{h}");
+    assert_eq!(n, 2);
 }

@@ -221,6 +221,8 @@ impl RedisStore {
     ) -> Result<Selected, StoreError> {
         let total = page.total;
         let described = std::mem::replace(&mut page.described, Described::Later);
+        // The walk describes what lies below every turn it hands over.
+        let handed = page.entries.len() + usize::from(page.first.is_some());
         let summary = page.summary.take();
         let after = read
             .after_seq
@@ -232,8 +234,8 @@ impl RedisStore {
         let picked = sel.finish()?;
         let selection = picked.selection;
         let unsummarized = match described {
-            Described::Done(u) => u,
-            Described::Later => {
+            Described::Done(u) if selection.turns.len() == handed => u,
+            Described::Done(_) | Described::Later => {
                 self.describe(session, &selection, read, before_seq, now)
                     .await?
             }

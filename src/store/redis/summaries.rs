@@ -66,6 +66,8 @@ pub(super) fn parse(v: Value) -> Result<Option<StoredSummary>, StoreError> {
 /// `lua/walk.lua`'s description of what a read leaves unsummarized.
 #[derive(Debug)]
 pub(super) enum Described {
+    /// What lies below the turns the walk returned: the read's, if it
+    /// takes them all.
     Done(Option<Unsummarized>),
     /// The walk did not end the selection: ask once it has.
     Later,

@@ -15,7 +15,7 @@
 -- over translated turns' English copies beside their texts), summary (1:
 -- begin with the session's summary, the candidates above what it covers),
 -- describe (1: a first call, which describes the unsummarized turns when
--- it ends the selection itself), budget (0: the caller budgets every turn
+-- it ends the walk), budget (0: the caller budgets every turn
 -- itself, a template's read: hand them all over).
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
@@ -23,8 +23,8 @@
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries, the
 -- summary {text, through seq, SUMMARY header} or false, the unsummarized
--- turns (see describe) or false or 'later' (the caller selects: it asks
--- unsummarized.lua once it has)}, each
+-- turns below those returned (see describe) or false, or 'later' (a walk
+-- in pages: the caller asks unsummarized.lua once it has selected)}, each
 -- entry (first too) a member, a record, a tail or false, and the English
 -- copies or false (loaded whole when the read needs them). The record's
 -- header's last field says how much of the question it holds (the member
@@ -273,9 +273,11 @@ local function walk(at, before, count, now)
       entries[#entries + 1] = en
     end
   end
-  -- The unsummarized turns, when this call ends the selection.
+  -- The unsummarized turns, when this call ends the walk: below what it
+  -- returns. A walk that hands turns over describes them as if the caller
+  -- takes every one (its caller asks unsummarized.lua when it does not).
   local unsummarized = 'later'
-  if describing and exact and status ~= 'more' then
+  if describing and status ~= 'more' then
     local below = upper_seq or tonumber(LIVE)
     if last_m then below = tonumber(redis.call('ZSCORE', KEYS[3], last_m)) end
     local above = run_sum
