@@ -72,6 +72,13 @@ impl Counter {
     }
 }
 
+/// A text and its exact count alone (under the counter's encoding).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Known<'a> {
+    pub text: &'a str,
+    pub count: u32,
+}
+
 /// The two kinds of cut (see the module's doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
@@ -188,6 +195,49 @@ impl Run {
         Run::Cut {
             head: End::new(text[..first].to_owned(), Some(first_kind)),
             inner: u64::from(inner),
+            tail: End::new(text[last..].to_owned(), None),
+        }
+    }
+
+    /// As [`Run::segment`], without tokenizing what lies inside `known`
+    /// texts found in `text` as they are: a turn's contents, whose counts
+    /// alone were taken when they were written. Such a text cut at its own
+    /// first and last cuts (which are cuts of `text` too) counts, between
+    /// them, its count alone less its two ends; only its ends and what lies
+    /// between the texts (the template's markup) are tokenized. A text not
+    /// found as it is (escaped, say) changes nothing.
+    pub fn segment_knowing(text: &str, counter: &Counter, known: &[Known<'_>]) -> Run {
+        let Some(((first, first_kind), (last, last_kind))) = cuts(text) else {
+            return Run::Whole(End::new(text.to_owned(), None));
+        };
+        let mut inner = 0u64;
+        // What is counted so far: text[first..at].
+        let mut at = first;
+        for k in known {
+            let Some(((f, f_kind), (l, _))) = cuts(k.text) else {
+                continue;
+            };
+            let Some(found) = text[at..].find(k.text).map(|i| at + i) else {
+                continue;
+            };
+            let head = counter.count_before(&k.text[..f], "", f_kind);
+            let tail = counter.count(&k.text[l..]);
+            let Some(k_inner) = k.count.checked_sub(head + tail) else {
+                continue; // not its count: count it as markup
+            };
+            let (from, to) = (found + f, found + l);
+            if at < from {
+                inner += u64::from(counter.count_before(&text[at..from], "", f_kind));
+            }
+            inner += u64::from(k_inner);
+            at = to;
+        }
+        if at < last {
+            inner += u64::from(counter.count_before(&text[at..last], "", last_kind));
+        }
+        Run::Cut {
+            head: End::new(text[..first].to_owned(), Some(first_kind)),
+            inner,
             tail: End::new(text[last..].to_owned(), None),
         }
     }
@@ -406,6 +456,41 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn known_texts_count_without_their_insides(
+            markup in proptest::collection::vec(segment(), 3),
+            texts in proptest::collection::vec(segment(), 2),
+            wrong in any::<bool>(),
+            encoding in 0..Encoding::ALL.len(),
+        ) {
+            let enc = Encoding::ALL[encoding];
+            let c = counter(enc);
+            let piece = format!("{}{}{}{}{}", markup[0], texts[0], markup[1], texts[1], markup[2]);
+            let whole = u64::from(enc.count(&piece));
+            let known: Vec<Known> = texts
+                .iter()
+                .map(|t| Known { text: t, count: enc.count(t) })
+                .collect();
+            let mut run = Run::segment_knowing(&piece, &c, &known);
+            prop_assert_eq!(run.count(&c), whole);
+            // Joined to neighbours, as a selection joins turns.
+            let mut around = run_of(&[markup[2].clone()], &c);
+            let mut joined = run.then(around.clone(), &c);
+            prop_assert_eq!(
+                joined.count(&c),
+                u64::from(enc.count(&format!("{piece}{}", markup[2])))
+            );
+            prop_assert_eq!(
+                around.count_joined(&mut Run::segment_knowing(&piece, &c, &known), &c),
+                u64::from(enc.count(&format!("{}{piece}", markup[2])))
+            );
+            // A count too small to be the text's is not believed.
+            if wrong {
+                let lies = [Known { text: &texts[0], count: 0 }];
+                prop_assert_eq!(Run::segment_knowing(&piece, &c, &lies).count(&c), whole);
+            }
+        }
 
         #[test]
         fn joined_runs_count_exactly(

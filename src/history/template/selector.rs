@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use minijinja::Value;
 
-use super::joints::{Counter, Run};
+use super::joints::{Counter, Known, Run};
 use super::rendered::{MAX_END_BYTES, Rendered, TurnKey};
 use super::sandbox::Part;
 use super::{Caches, Globals, Summary, Template, TemplateError, context};
@@ -367,6 +367,12 @@ impl TemplateSelector {
             Some((k, rendered)) if k == key => Some(rendered),
             _ => self.caches.turns.get(&key),
         };
+        // The stored counts alone hold for a content rendered whole.
+        let stored = |whole: bool, enc| whole && !c.recount && enc == self.opts.encoding;
+        let known_query = stored(c.user_query.whole, c.costs.query.encoding)
+            .then_some(c.costs.query.query);
+        let known_answer = stored(c.final_answer.whole, c.costs.answer.encoding)
+            .then_some(c.costs.answer.answer);
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
         let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
         let bytes = (user_query.len() + final_answer.len()) as u64;
@@ -387,7 +393,14 @@ impl TemplateSelector {
             Some(rendered) => rendered,
             None => {
                 let piece = self.template.turn(&self.globals, &turn)?;
-                let run = Run::segment(&piece, &self.counter);
+                let v = &turn.turn;
+                let known = [
+                    (&v.user_query, known_query.filter(|_| !query_cut)),
+                    (&v.final_answer, known_answer.filter(|_| !answer_cut)),
+                ]
+                .map(|(text, count)| count.map(|count| Known { text, count }));
+                let known: Vec<Known> = known.into_iter().flatten().collect();
+                let run = Run::segment_knowing(&piece, &self.counter, &known);
                 let piece = piece.into();
                 self.caches.turns.put(key, Rendered { piece, run })
             }
