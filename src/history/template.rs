@@ -7,7 +7,8 @@
 //! `summary(summary)`. A history of turns t₁ (oldest) … tₙ renders as
 //! `summary(s)? + header() + turn(t₁) + separator() + … + turn(tₙ) + footer()`;
 //! without turns it is the summary alone, or "". The built-ins `xml` and
-//! `markdown` are template source too (`builtins`).
+//! `markdown` are template source too, whose turns and summaries a native
+//! twin renders (`builtins`).
 //!
 //! - `sandbox`: the engine's limits, and the one way to call a macro.
 //! - `context`: what a macro sees.
@@ -40,6 +41,7 @@ pub use selector::{TemplateSelection, TemplateSelector, select_template};
 
 use super::SelectedTurn;
 use crate::tokens::Encoding;
+use builtins::Native;
 use joints::Counter;
 use sandbox::{Compiled, Part};
 use selector::Fixed;
@@ -131,6 +133,8 @@ pub struct Template {
     /// Its fixed parts by encoding (in `Encoding::ALL`'s order), once
     /// rendered, when they do not depend on the globals.
     fixed: Arc<[OnceLock<Arc<Fixed>>; Encoding::ALL.len()]>,
+    /// A built-in's turn and summary, rendered without the engine.
+    native: Option<Native>,
 }
 
 /// The same compiled template (reads compare options, templates included).
@@ -150,6 +154,7 @@ impl Template {
         Ok(Template {
             compiled: Arc::new(compiled),
             fixed: Arc::default(),
+            native: None,
         })
     }
 
@@ -214,6 +219,9 @@ impl Template {
     }
 
     fn turn(&self, globals: &Value, t: &SelectedTurn) -> Result<String, TemplateError> {
+        if let Some(native) = self.native {
+            return Ok(native.turn(t));
+        }
         let out = self
             .compiled
             .call(globals, Part::Turn, &[context::turn(t)])?;
@@ -221,6 +229,9 @@ impl Template {
     }
 
     fn summary(&self, globals: &Value, s: &Summary) -> Result<String, TemplateError> {
+        if let Some(native) = self.native {
+            return Ok(native.summary(s));
+        }
         let out = self
             .compiled
             .call(globals, Part::Summary, &[context::summary(s)])?;
@@ -249,9 +260,10 @@ impl Templates {
     /// directory that cannot be listed is `"<dir>: <message>"`.
     pub fn load(dir: Option<&Path>) -> Result<Templates, String> {
         let mut by_name = BTreeMap::new();
-        for (name, source) in builtins::BUILTINS {
-            let template = Template::compile(name, source)
+        for (name, source, native) in builtins::BUILTINS {
+            let mut template = Template::compile(name, source)
                 .map_err(|e| format!("built-in {name}:{}: {}", e.line.unwrap_or(1), e.message))?;
+            template.native = Some(native);
             by_name.insert(name.to_owned(), template);
         }
         let Some(dir) = dir else {

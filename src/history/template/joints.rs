@@ -217,7 +217,7 @@ impl Run {
             let Some(((f, f_kind), (l, _))) = cuts(k.text) else {
                 continue;
             };
-            let Some(found) = text[at..].find(k.text).map(|i| at + i) else {
+            let Some(found) = find_from(text, at, k.text) else {
                 continue;
             };
             let head = counter.count_before(&k.text[..f], "", f_kind);
@@ -337,6 +337,21 @@ impl Run {
             }
         }
     }
+}
+
+/// Where `needle` is in `text` at or after `from`, if it is at the first
+/// place its beginning is: a search for a long needle sets up in time of
+/// its length (std's and memchr's alike), which cost more than the rest of
+/// a rendering, and trying every place could take a text's length times
+/// the needle's. A needle missed (its beginning also in the markup before
+/// it) is only counted as markup.
+fn find_from(text: &str, from: usize, needle: &str) -> Option<usize> {
+    let mut prefix = needle.len().min(32);
+    while !needle.is_char_boundary(prefix) {
+        prefix -= 1;
+    }
+    let at = from + text[from..].find(&needle[..prefix])?;
+    text[at..].starts_with(needle).then_some(at)
 }
 
 /// The span from a cut (or the start) through `head`, which ends at a cut:

@@ -210,7 +210,7 @@ fn sandbox() -> Environment<'static> {
 /// also turns `/` into `&#x2f;`, which costs tokens and mangles URLs), and
 /// five `replace` passes in template source took three times as long as
 /// the rest of an `xml` rendering.
-fn xml_escape(text: &str) -> String {
+pub(super) fn xml_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 8);
     let mut copied = 0;
     for (i, b) in text.bytes().enumerate() {
@@ -390,7 +390,7 @@ mod tests {
             final_answer => "x < y && \"z\"\n".repeat(128 * 1024 / 16),
         };
         let globals = minijinja::context! { session_id => "s", user_id => () };
-        for (name, source) in super::super::builtins::BUILTINS {
+        for (name, source, _) in super::super::builtins::BUILTINS {
             let compiled = compile(source).unwrap();
             let used = compiled
                 .with_macro(&globals, Part::Turn, |state, m| {

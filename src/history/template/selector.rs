@@ -369,10 +369,10 @@ impl TemplateSelector {
         };
         // The stored counts alone hold for a content rendered whole.
         let stored = |whole: bool, enc| whole && !c.recount && enc == self.opts.encoding;
-        let known_query = stored(c.user_query.whole, c.costs.query.encoding)
-            .then_some(c.costs.query.query);
-        let known_answer = stored(c.final_answer.whole, c.costs.answer.encoding)
-            .then_some(c.costs.answer.answer);
+        let known_query =
+            stored(c.user_query.whole, c.costs.query.encoding).then_some(c.costs.query.query);
+        let known_answer =
+            stored(c.final_answer.whole, c.costs.answer.encoding).then_some(c.costs.answer.answer);
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
         let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
         let bytes = (user_query.len() + final_answer.len()) as u64;

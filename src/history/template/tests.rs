@@ -207,3 +207,52 @@ fn a_missing_directory_is_an_error() {
     let err = Templates::load(Some(Path::new("/no/such/dir"))).unwrap_err();
     assert!(err.starts_with("/no/such/dir: "), "{err}");
 }
+
+mod native {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                "[a-zA-Z0-9 ]{0,12}",
+                "[&<>\"'/]{1,3}",
+                "[\n\r\t]{1,2}",
+                "[é漢🙂]{1,2}",
+                Just("{{ x }}{% y %}".to_string()),
+                Just("&amp;".to_string()),
+            ],
+            0..8,
+        )
+        .prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// The native twins render what the built-ins' source does.
+        #[test]
+        fn built_ins_render_as_their_source_does(
+            texts in proptest::collection::vec((text(), text()), 0..4),
+            summary_text in proptest::option::of(text()),
+        ) {
+            let turns: Vec<SelectedTurn> = texts
+                .iter()
+                .enumerate()
+                .map(|(i, (q, a))| turn(i as u64 + 1, q, a))
+                .collect();
+            let s = summary_text.map(|t| summary(&t));
+            for (name, source, _) in builtins::BUILTINS {
+                let native = builtin(name);
+                prop_assert!(native.native.is_some());
+                let engine = Template::compile(name, source).unwrap();
+                prop_assert_eq!(
+                    native.render(&GLOBALS, s.as_ref(), &turns).unwrap(),
+                    engine.render(&GLOBALS, s.as_ref(), &turns).unwrap(),
+                    "{}", name
+                );
+            }
+        }
+    }
+}
