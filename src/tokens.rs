@@ -140,12 +140,17 @@ impl Encoding {
         u32::try_from(self.bpe().encode_ordinary(text).len()).unwrap_or(u32::MAX)
     }
 
+    /// Its place in [`Encoding::ALL`]: a slot in a per-encoding array.
+    pub fn slot(self) -> usize {
+        Self::ALL.iter().position(|e| *e == self).unwrap_or(0)
+    }
+
     /// Count of the `text` rendering's header (followed by "User:"),
     /// cached per encoding.
     pub fn header_count(self) -> u32 {
         static CACHE: [OnceLock<u32>; 6] = [const { OnceLock::new() }; 6];
-        let slot = Self::ALL.iter().position(|e| *e == self).unwrap_or(0);
-        *CACHE[slot].get_or_init(|| self.count(&format!("{HEADER}{LETTER}")) - self.count(LETTER))
+        *CACHE[self.slot()]
+            .get_or_init(|| self.count(&format!("{HEADER}{LETTER}")) - self.count(LETTER))
     }
 }
 

@@ -130,7 +130,7 @@ impl Caches {
 #[derive(Debug, Clone)]
 pub struct Template {
     compiled: Arc<Compiled>,
-    /// Its fixed parts by encoding (in `Encoding::ALL`'s order), once
+    /// Its fixed parts by encoding (by `Encoding::slot`), once
     /// rendered, when they do not depend on the globals.
     fixed: Arc<[OnceLock<Arc<Fixed>>; Encoding::ALL.len()]>,
     /// A built-in's turn and summary, rendered without the engine.
@@ -202,15 +202,12 @@ impl Template {
         if self.compiled.uses_globals() {
             return Ok(Arc::new(Fixed::render(self, globals, counter)?));
         }
-        let at = Encoding::ALL
-            .iter()
-            .position(|&e| e == counter.encoding)
-            .expect("every encoding is in ALL");
-        if let Some(fixed) = self.fixed[at].get() {
+        let slot = &self.fixed[counter.encoding.slot()];
+        if let Some(fixed) = slot.get() {
             return Ok(fixed.clone());
         }
         let fixed = Arc::new(Fixed::render(self, globals, counter)?);
-        Ok(self.fixed[at].get_or_init(|| fixed).clone())
+        Ok(slot.get_or_init(|| fixed).clone())
     }
 
     /// `header()`, `separator()` or `footer()`: "" when not defined.

@@ -206,7 +206,11 @@ impl Run {
     /// them, its count alone less its two ends; only its ends and what lies
     /// between the texts (the template's markup) are tokenized. A text not
     /// found as it is (escaped, say) changes nothing.
-    pub fn segment_knowing(text: &str, counter: &Counter, known: &[Known<'_>]) -> Run {
+    pub fn segment_knowing<'a>(
+        text: &str,
+        counter: &Counter,
+        known: impl IntoIterator<Item = Known<'a>>,
+    ) -> Run {
         let Some(((first, first_kind), (last, last_kind))) = cuts(text) else {
             return Run::Whole(End::new(text.to_owned(), None));
         };
@@ -487,7 +491,7 @@ mod tests {
                 .iter()
                 .map(|t| Known { text: t, count: enc.count(t) })
                 .collect();
-            let mut run = Run::segment_knowing(&piece, &c, &known);
+            let mut run = Run::segment_knowing(&piece, &c, known.iter().copied());
             prop_assert_eq!(run.count(&c), whole);
             // Joined to neighbours, as a selection joins turns.
             let mut around = run_of(&[markup[2].clone()], &c);
@@ -497,13 +501,13 @@ mod tests {
                 u64::from(enc.count(&format!("{piece}{}", markup[2])))
             );
             prop_assert_eq!(
-                around.count_joined(&mut Run::segment_knowing(&piece, &c, &known), &c),
+                around.count_joined(&mut Run::segment_knowing(&piece, &c, known.iter().copied()), &c),
                 u64::from(enc.count(&format!("{}{piece}", markup[2])))
             );
             // A count too small to be the text's is not believed.
             if wrong {
                 let lies = [Known { text: &texts[0], count: 0 }];
-                prop_assert_eq!(Run::segment_knowing(&piece, &c, &lies).count(&c), whole);
+                prop_assert_eq!(Run::segment_knowing(&piece, &c, lies).count(&c), whole);
             }
         }
 

@@ -367,14 +367,17 @@ impl TemplateSelector {
             Some((k, rendered)) if k == key => Some(rendered),
             _ => self.caches.turns.get(&key),
         };
-        // The stored counts alone hold for a content rendered whole.
-        let stored = |whole: bool, enc| whole && !c.recount && enc == self.opts.encoding;
-        let known_query =
-            stored(c.user_query.whole, c.costs.query.encoding).then_some(c.costs.query.query);
-        let known_answer =
-            stored(c.final_answer.whole, c.costs.answer.encoding).then_some(c.costs.answer.answer);
+        let (query_whole, answer_whole) = (c.user_query.whole, c.final_answer.whole);
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
         let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
+        // The stored counts alone hold for a content rendered whole.
+        let stored = |whole: bool, cut: bool, encoding, count: u32| {
+            (whole && !cut && !c.recount && encoding == self.opts.encoding).then_some(count)
+        };
+        let q = &c.costs.query;
+        let a = &c.costs.answer;
+        let known_query = stored(query_whole, query_cut, q.encoding, q.query);
+        let known_answer = stored(answer_whole, answer_cut, a.encoding, a.answer);
         let bytes = (user_query.len() + final_answer.len()) as u64;
         let turn = SelectedTurn {
             turn: TurnView {
@@ -395,12 +398,17 @@ impl TemplateSelector {
                 let piece = self.template.turn(&self.globals, &turn)?;
                 let v = &turn.turn;
                 let known = [
-                    (&v.user_query, known_query.filter(|_| !query_cut)),
-                    (&v.final_answer, known_answer.filter(|_| !answer_cut)),
+                    (&v.user_query, known_query),
+                    (&v.final_answer, known_answer),
                 ]
-                .map(|(text, count)| count.map(|count| Known { text, count }));
-                let known: Vec<Known> = known.into_iter().flatten().collect();
-                let run = Run::segment_knowing(&piece, &self.counter, &known);
+                .into_iter()
+                .filter_map(|(text, count)| {
+                    Some(Known {
+                        text,
+                        count: count?,
+                    })
+                });
+                let run = Run::segment_knowing(&piece, &self.counter, known);
                 let piece = piece.into();
                 self.caches.turns.put(key, Rendered { piece, run })
             }
