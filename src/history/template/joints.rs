@@ -117,17 +117,50 @@ pub(super) fn cuts(text: &str) -> Option<((usize, Kind), (usize, Kind))> {
     Some((first, last))
 }
 
+/// A part of a text shared with the rendering it is cut from: a clone
+/// costs a reference count, not a copy, and a kept rendering holds its
+/// ends without a copy of them.
+#[derive(Debug, Clone)]
+struct Span {
+    src: Arc<str>,
+    start: usize,
+    end: usize,
+}
+
+impl Span {
+    fn of(src: &Arc<str>, range: std::ops::Range<usize>) -> Self {
+        Span {
+            src: src.clone(),
+            start: range.start,
+            end: range.end,
+        }
+    }
+
+    fn joined(a: &str, b: &str) -> Self {
+        let src: Arc<str> = [a, b].concat().into();
+        Span::of(&src, 0..src.len())
+    }
+
+    fn as_str(&self) -> &str {
+        &self.src[self.start..self.end]
+    }
+
+    fn len(&self) -> usize {
+        self.end - self.start
+    }
+}
+
 /// A text whose count is taken when first needed: as it tokenizes before
 /// a cut of `before` (a head), or at the end of the text (a tail, `None`).
 #[derive(Debug, Clone)]
 pub(super) struct End {
-    text: String,
+    text: Span,
     before: Option<Kind>,
     count: Option<u32>,
 }
 
 impl End {
-    fn new(text: String, before: Option<Kind>) -> Self {
+    fn new(text: Span, before: Option<Kind>) -> Self {
         End {
             text,
             before,
@@ -135,27 +168,30 @@ impl End {
         }
     }
 
+    fn text(&self) -> &str {
+        self.text.as_str()
+    }
+
     fn count(&mut self, counter: &Counter) -> u32 {
-        let (text, before) = (&self.text, self.before);
+        let (text, before) = (self.text.as_str(), self.before);
         *self.count.get_or_insert_with(|| match before {
             Some(kind) => counter.count_before(text, "", kind),
             None => counter.count(text),
         })
     }
 
-    fn append(mut self, text: &str) -> Self {
-        if !text.is_empty() {
-            self.text.push_str(text);
-            self.count = None;
+    fn append(self, text: &str) -> Self {
+        if text.is_empty() {
+            return self;
         }
-        self
+        End::new(Span::joined(self.text(), text), self.before)
     }
 
     fn prepend(self, text: &str) -> Self {
         if text.is_empty() {
             return self;
         }
-        End::new(format!("{text}{}", self.text), self.before)
+        End::new(Span::joined(text, self.text()), self.before)
     }
 }
 
@@ -172,7 +208,7 @@ pub(super) enum Run {
 impl Default for Run {
     fn default() -> Self {
         Run::Whole(End {
-            text: String::new(),
+            text: Span::of(&Arc::from(""), 0..0),
             before: None,
             count: Some(0),
         })
@@ -185,18 +221,7 @@ impl Run {
     /// or alone if they start or end the rendering. Without a cut it is
     /// kept whole.
     pub fn segment(text: &str, counter: &Counter) -> Run {
-        let Some(((first, first_kind), (last, last_kind))) = cuts(text) else {
-            return Run::Whole(End::new(text.to_owned(), None));
-        };
-        let inner = match &text[first..last] {
-            "" => 0,
-            middle => counter.count_before(middle, "", last_kind),
-        };
-        Run::Cut {
-            head: End::new(text[..first].to_owned(), Some(first_kind)),
-            inner: u64::from(inner),
-            tail: End::new(text[last..].to_owned(), None),
-        }
+        Self::segment_knowing(&text.into(), counter, [])
     }
 
     /// As [`Run::segment`], without tokenizing what lies inside `known`
@@ -206,13 +231,15 @@ impl Run {
     /// them, its count alone less its two ends; only its ends and what lies
     /// between the texts (the template's markup) are tokenized. A text not
     /// found as it is (escaped, say) changes nothing.
+    /// The run's ends are parts of `text`, shared with it.
     pub fn segment_knowing<'a>(
-        text: &str,
+        shared: &Arc<str>,
         counter: &Counter,
         known: impl IntoIterator<Item = Known<'a>>,
     ) -> Run {
+        let text: &str = shared;
         let Some(((first, first_kind), (last, last_kind))) = cuts(text) else {
-            return Run::Whole(End::new(text.to_owned(), None));
+            return Run::Whole(End::new(Span::of(shared, 0..text.len()), None));
         };
         let mut inner = 0u64;
         // What is counted so far: text[first..at].
@@ -240,9 +267,9 @@ impl Run {
             inner += u64::from(counter.count_before(&text[at..last], "", last_kind));
         }
         Run::Cut {
-            head: End::new(text[..first].to_owned(), Some(first_kind)),
+            head: End::new(Span::of(shared, 0..first), Some(first_kind)),
             inner,
-            tail: End::new(text[last..].to_owned(), None),
+            tail: End::new(Span::of(shared, last..text.len()), None),
         }
     }
 
@@ -274,14 +301,14 @@ impl Run {
     /// cuts now (the joint correction); a whole run joins the other's end.
     pub fn then(self, next: Run, counter: &Counter) -> Run {
         match (self, next) {
-            (Run::Whole(a), Run::Whole(b)) => Run::Whole(a.append(&b.text)),
+            (Run::Whole(a), Run::Whole(b)) => Run::Whole(a.append(b.text())),
             (Run::Cut { head, inner, tail }, Run::Whole(b)) => Run::Cut {
                 head,
                 inner,
-                tail: tail.append(&b.text),
+                tail: tail.append(b.text()),
             },
             (Run::Whole(a), Run::Cut { head, inner, tail }) => Run::Cut {
-                head: head.prepend(&a.text),
+                head: head.prepend(a.text()),
                 inner,
                 tail,
             },
@@ -312,11 +339,11 @@ impl Run {
     /// the rest.
     pub fn count_joined(&mut self, next: &mut Run, counter: &Counter) -> u64 {
         match (self, next) {
-            (Run::Whole(a), Run::Whole(b)) => u64::from(counter.count_joined(&a.text, &b.text)),
+            (Run::Whole(a), Run::Whole(b)) => u64::from(counter.count_joined(a.text(), b.text())),
             (Run::Cut { head, inner, tail }, Run::Whole(b)) => {
                 u64::from(head.count(counter))
                     + *inner
-                    + u64::from(counter.count_joined(&tail.text, &b.text))
+                    + u64::from(counter.count_joined(tail.text(), b.text()))
             }
             (Run::Whole(a), Run::Cut { head, inner, tail }) => {
                 joint(a, head, counter) + *inner + u64::from(tail.count(counter))
@@ -362,7 +389,7 @@ fn find_from(text: &str, from: usize, needle: &str) -> Option<usize> {
 /// `a` then `head`, counted as they tokenize before that cut.
 fn joint(a: &End, head: &End, counter: &Counter) -> u64 {
     let kind = head.before.unwrap_or(Kind::LetterSpace);
-    u64::from(counter.count_before(&a.text, &head.text, kind))
+    u64::from(counter.count_before(a.text(), head.text(), kind))
 }
 
 #[cfg(test)]
@@ -491,6 +518,7 @@ mod tests {
                 .iter()
                 .map(|t| Known { text: t, count: enc.count(t) })
                 .collect();
+            let piece: Arc<str> = piece.into();
             let mut run = Run::segment_knowing(&piece, &c, known.iter().copied());
             prop_assert_eq!(run.count(&c), whole);
             // Joined to neighbours, as a selection joins turns.

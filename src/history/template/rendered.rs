@@ -36,8 +36,8 @@ pub const MAX_PIECE_BYTES: usize = 64 * 1024;
 /// tokenizes at most a few of these, cheap enough for an async worker.
 pub const MAX_END_BYTES: usize = 1024;
 
-/// What an entry costs besides its texts (the map slot, the `Arc`s).
-const OVERHEAD_BYTES: usize = 128;
+/// What an entry costs besides its piece (the map slot, the `Arc`'s).
+const OVERHEAD_BYTES: usize = 192;
 
 const SHARDS: usize = 16;
 
@@ -58,17 +58,19 @@ impl Hash for TurnKey {
 }
 
 /// A turn as a template rendered it, and its run (counted between its
-/// first and last cuts).
-#[derive(Debug)]
+/// first and last cuts, its ends parts of `piece`). Kept in the maps as it
+/// is, not behind another pointer: a look-up reads the entry and the
+/// piece, and a clone costs reference counts on the piece.
+#[derive(Debug, Clone)]
 pub(super) struct Rendered {
     pub piece: Arc<str>,
     pub run: Run,
 }
 
 impl Rendered {
+    /// The piece and the entry: a kept run's ends are parts of the piece.
     fn bytes(&self) -> usize {
-        let (head, tail) = self.run.ends();
-        self.piece.len() + head + tail + OVERHEAD_BYTES
+        self.piece.len() + OVERHEAD_BYTES
     }
 }
 
@@ -96,19 +98,19 @@ impl Hasher for VariantHasher {
 
 #[derive(Debug, Default)]
 struct Generation {
-    entries: HashMap<TurnKey, Arc<Rendered>, BuildHasherDefault<VariantHasher>>,
+    entries: HashMap<TurnKey, Rendered, BuildHasherDefault<VariantHasher>>,
     bytes: usize,
 }
 
 impl Generation {
-    fn insert(&mut self, key: TurnKey, value: Arc<Rendered>) {
+    fn insert(&mut self, key: TurnKey, value: Rendered) {
         self.bytes += value.bytes();
         if let Some(old) = self.entries.insert(key, value) {
             self.bytes -= old.bytes();
         }
     }
 
-    fn remove(&mut self, key: &TurnKey) -> Option<Arc<Rendered>> {
+    fn remove(&mut self, key: &TurnKey) -> Option<Rendered> {
         let value = self.entries.remove(key)?;
         self.bytes -= value.bytes();
         Some(value)
@@ -167,7 +169,7 @@ impl TurnCache {
         self.seed.hash_one(value)
     }
 
-    pub(super) fn get(&self, key: &TurnKey) -> Option<Arc<Rendered>> {
+    pub(super) fn get(&self, key: &TurnKey) -> Option<Rendered> {
         let mut s = self.shard(key);
         let found = match s.young.entries.get(key) {
             Some(r) => r.clone(),
@@ -182,8 +184,7 @@ impl TurnCache {
     }
 
     /// Keeps `rendered` if it is small enough to be taken on a worker.
-    pub(super) fn put(&self, key: TurnKey, rendered: Rendered) -> Arc<Rendered> {
-        let rendered = Arc::new(rendered);
+    pub(super) fn put(&self, key: TurnKey, rendered: Rendered) -> Rendered {
         if Self::keepable(&rendered) {
             let mut s = self.shard(&key);
             self.store(&mut s, key, rendered.clone());
@@ -230,7 +231,7 @@ impl TurnCache {
         lock(&self.shards[(key.variant >> 60) as usize % SHARDS])
     }
 
-    fn store(&self, s: &mut Shard, key: TurnKey, value: Arc<Rendered>) {
+    fn store(&self, s: &mut Shard, key: TurnKey, value: Rendered) {
         if s.young.bytes + value.bytes() > self.generation {
             s.old = std::mem::take(&mut s.young);
         }
@@ -250,9 +251,10 @@ mod tests {
             encoding: Encoding::O200kBase,
             cache: Arc::new(CountCache::new(64)),
         };
+        let piece: Arc<str> = text.into();
         Rendered {
-            piece: text.into(),
-            run: Run::segment(text, &counter),
+            run: Run::segment_knowing(&piece, &counter, []),
+            piece,
         }
     }
 

@@ -27,6 +27,7 @@ use super::joints::{Counter, Known, Run};
 use super::rendered::{MAX_END_BYTES, Rendered, TurnKey};
 use super::sandbox::Part;
 use super::{Caches, Globals, Summary, Template, TemplateError, context};
+use crate::domain::TurnId;
 use crate::history::select::truncate;
 use crate::history::{Candidate, Options, SelectedTurn, StoppedBy};
 use crate::turn::TurnView;
@@ -90,8 +91,9 @@ pub struct TemplateSelector {
     read_variant: u64,
     counter: Counter,
     caches: Caches,
-    /// The rendering `ready` found for the candidate offered next.
-    found: Option<(TurnKey, Arc<Rendered>)>,
+    /// What `ready` found for the candidate offered next: its turn, its
+    /// key, and its rendering if kept.
+    found: Option<(TurnId, TurnKey, Option<Rendered>)>,
     /// The summary's rendering, when it is in the selection.
     summary: Option<String>,
     fixed: Arc<Fixed>,
@@ -329,6 +331,7 @@ impl TemplateSelector {
         }
         let key = self.key(c);
         let Some(rendered) = self.caches.turns.get(&key) else {
+            self.found = Some((c.turn_id, key, None));
             return false;
         };
         let (head, tail) = rendered.run.ends();
@@ -337,7 +340,7 @@ impl TemplateSelector {
         let (footer, _) = self.fixed.footer_run.ends();
         let after = self.after.as_ref().map_or(0, |a| a.ends().0);
         let next = separator_head + separator_tail + footer + after;
-        self.found = Some((key, rendered));
+        self.found = Some((c.turn_id, key, Some(rendered)));
         before + head <= 4 * MAX_END_BYTES && tail + next <= 4 * MAX_END_BYTES
     }
 
@@ -358,14 +361,15 @@ impl TemplateSelector {
 
     /// Truncates the contents as `Selector` does, and renders and counts
     /// the turn, or finds it rendered and counted.
-    fn measure(
-        &mut self,
-        c: Candidate,
-    ) -> Result<(SelectedTurn, Arc<Rendered>, u64), TemplateError> {
-        let key = self.key(&c);
-        let found = match self.found.take() {
-            Some((k, rendered)) if k == key => Some(rendered),
-            _ => self.caches.turns.get(&key),
+    fn measure(&mut self, c: Candidate) -> Result<(SelectedTurn, Rendered, u64), TemplateError> {
+        // A read offers each turn once, so what `ready` found under this
+        // turn's id is this candidate's.
+        let (key, found) = match self.found.take() {
+            Some((turn, key, rendered)) if turn == c.turn_id => (key, rendered),
+            _ => {
+                let key = self.key(&c);
+                (key, self.caches.turns.get(&key))
+            }
         };
         let (query_whole, answer_whole) = (c.user_query.whole, c.final_answer.whole);
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
@@ -408,8 +412,8 @@ impl TemplateSelector {
                         count: count?,
                     })
                 });
+                let piece: Arc<str> = piece.into();
                 let run = Run::segment_knowing(&piece, &self.counter, known);
-                let piece = piece.into();
                 self.caches.turns.put(key, Rendered { piece, run })
             }
         };
