@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::config::Settings;
-use crate::history::template::Templates;
+use crate::history::template::{COUNT_CACHE_CAPACITY, Caches, Templates};
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
 use crate::server::{self, ConnLimits};
@@ -37,8 +37,13 @@ impl Application {
         // Build the default encoder now, not on the first request.
         settings.encoding.warm_up();
         let api_keys = settings.all_api_keys()?;
+        let caches = Caches::new(
+            COUNT_CACHE_CAPACITY,
+            settings.template_cache_mb as usize * 1024 * 1024,
+        );
         let templates = Templates::load(settings.templates_dir.as_deref())
-            .map_err(|e| format!("cannot load a template: {e}"))?;
+            .map_err(|e| format!("cannot load a template: {e}"))?
+            .with_caches(&caches);
         if api_keys.is_empty() {
             tracing::warn!(
                 "no API keys configured (TURNSTORE_API_KEYS, TURNSTORE_API_KEYS_FILE): the API is open to anyone who can reach it"

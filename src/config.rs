@@ -7,6 +7,7 @@ use std::time::Duration;
 use axum::http::HeaderValue;
 use clap::{Args, ValueEnum};
 
+use crate::history::template::TURN_CACHE_BYTES;
 use crate::tokens::Encoding;
 
 /// `TURNSTORE_LISTEN`'s default, which `healthcheck` shares.
@@ -160,6 +161,12 @@ pub struct Settings {
     /// built-ins `xml` and `markdown`.
     #[arg(long, env = "TURNSTORE_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
+
+    /// MiB of rendered turns a process keeps for templated reads: a turn
+    /// found there is neither rendered nor tokenized again. Size it to the
+    /// renderings of the sessions read often (about a KiB a turn).
+    #[arg(long, env = "TURNSTORE_TEMPLATE_CACHE_MB", default_value_t = (TURN_CACHE_BYTES >> 20) as u32, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub template_cache_mb: u32,
 
     /// An OpenAI-compatible `/v1/chat/completions` endpoint: with it, the
     /// server folds old turns into each session's summary itself, in the

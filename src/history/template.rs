@@ -93,8 +93,8 @@ pub struct Summary {
     pub through_seq: u64,
 }
 
-/// The caches a selection renders and counts through: the process-wide
-/// ones in the service, a test's own in tests.
+/// The caches a selection renders and counts through: a template's (see
+/// [`Templates::with_caches`]; the process-wide ones unless given others).
 #[derive(Debug, Clone)]
 pub struct Caches {
     pub counts: Arc<CountCache>,
@@ -135,6 +135,8 @@ pub struct Template {
     fixed: Arc<[OnceLock<Arc<Fixed>>; Encoding::ALL.len()]>,
     /// A built-in's turn and summary, rendered without the engine.
     native: Option<Native>,
+    /// What its selections render and count through.
+    caches: Caches,
 }
 
 /// The same compiled template (reads compare options, templates included).
@@ -155,6 +157,7 @@ impl Template {
             compiled: Arc::new(compiled),
             fixed: Arc::default(),
             native: None,
+            caches: Caches::global(),
         })
     }
 
@@ -284,6 +287,15 @@ impl Templates {
             by_name.insert(name, template);
         }
         Ok(Templates { by_name })
+    }
+
+    /// The same templates, selecting through `caches` (the service's,
+    /// sized by `TURNSTORE_TEMPLATE_CACHE_MB`).
+    pub fn with_caches(mut self, caches: &Caches) -> Templates {
+        for template in self.by_name.values_mut() {
+            template.caches = caches.clone();
+        }
+        self
     }
 
     pub fn get(&self, name: &str) -> Option<&Template> {

@@ -96,3 +96,20 @@ fn a_broken_template_stops_the_start_with_its_file_and_line() {
     let at = format!("{}:2:", dir.path().join("bad.jinja").display());
     assert!(stderr.contains(&at), "{stderr}");
 }
+
+/// The cache of rendered turns is sized in MiB, 1 to 65536: another size
+/// stops the start, naming the setting.
+#[test]
+fn a_template_cache_size_out_of_range_stops_the_start() {
+    for size in ["0", "65537", "lots"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstore"))
+            .arg("serve")
+            .env("TURNSTORE_LISTEN", format!("127.0.0.1:{}", free_port()))
+            .env("TURNSTORE_TEMPLATE_CACHE_MB", size)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{size}: {stderr}");
+        assert!(stderr.contains("template-cache-mb"), "{size}: {stderr}");
+    }
+}

@@ -114,16 +114,16 @@ pub struct TemplateSelector {
 }
 
 impl TemplateSelector {
-    /// A selection with `template`, through the process-wide caches. With
-    /// a summary, the summary goes first: if it alone does not fit, the
-    /// selection is empty and stopped.
+    /// A selection with `template`, through its caches. With a summary,
+    /// the summary goes first: if it alone does not fit, the selection is
+    /// empty and stopped.
     pub fn new(
         template: &Template,
         opts: &Options,
         globals: &Globals<'_>,
         summary: Option<&Summary>,
     ) -> Result<Self, TemplateError> {
-        Self::with_caches(template, opts, globals, summary, Caches::global())
+        Self::with_caches(template, opts, globals, summary, template.caches.clone())
     }
 
     /// As [`TemplateSelector::new`], through `caches`.
@@ -502,6 +502,49 @@ mod tests {
 
     fn builtin(name: &str) -> Template {
         Templates::load(None).unwrap().get(name).unwrap().clone()
+    }
+
+    #[test]
+    fn a_template_selects_through_the_caches_it_was_given() {
+        // Arrange: the built-ins with caches of their own (16 shards of two
+        // 2 KiB generations), and 300 turns rendered in about 100 KB.
+        let budget = 64 * 1024;
+        let caches = Caches::new(1024, budget);
+        let templates = Templates::load(None).unwrap().with_caches(&caches);
+        let xml = templates.get("xml").unwrap();
+        let pairs: Vec<(String, String)> = (0..300)
+            .map(|i| {
+                (
+                    format!("question {i}"),
+                    format!("the answer to question {i}"),
+                )
+            })
+            .collect();
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(q, a)| (&q[..], &a[..])).collect();
+        let cs = candidates(&pairs);
+        let o = Options {
+            limit: 300,
+            ..opts(Encoding::O200kBase, 1_000_000)
+        };
+        let read = |cs: &[Candidate]| {
+            select_template(cs.iter().cloned(), &o, xml, &GLOBALS, None).unwrap()
+        };
+
+        // Act
+        let first = read(&cs[290..]);
+        let hits = caches.turns.hits();
+        let again = read(&cs[290..]);
+        let hits_again = caches.turns.hits() - hits;
+        let everything = read(&cs);
+
+        // Assert: the selections rendered into these caches (a repeat
+        // found its 10 turns there), which kept within their budget.
+        assert_eq!(again, first);
+        assert_eq!(hits_again, 10);
+        assert_eq!(everything.turns.len(), 300);
+        assert!(caches.turns.bytes() > 0);
+        assert!(caches.turns.bytes() <= budget, "{}", caches.turns.bytes());
+        assert!(caches.counts.len() <= 1024);
     }
 
     /// User templates that stress joints: no separators at all (pieces of
