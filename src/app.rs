@@ -49,7 +49,9 @@ impl Application {
                 "no API keys configured (TURNSTORE_API_KEYS, TURNSTORE_API_KEYS_FILE): the API is open to anyone who can reach it"
             );
         }
-        let metrics = Arc::new(Metrics::new());
+        let mut metrics = Metrics::new();
+        metrics.watch_template_caches(caches);
+        let metrics = Arc::new(metrics);
         let store = Arc::new(Metered::new(
             build_store(&settings, &metrics).await?,
             metrics.clone(),

@@ -8,6 +8,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::history::template::Caches;
 use crate::store::PoolStatus;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -283,6 +289,13 @@ impl Metrics {
         }
     }
 
+    /// Reports `caches` at each scrape: the cache of rendered turns' hits,
+    /// misses and bytes, to size `TURNSTORE_TEMPLATE_CACHE_MB` by.
+    pub fn watch_template_caches(&mut self, caches: Caches) {
+        self.registry
+            .register_collector(Box::new(TemplateCacheCollector(caches)));
+    }
+
     pub fn set_pool(&self, status: PoolStatus) {
         self.pool_size.set(status.size as i64);
         self.pool_available.set(status.available as i64);
@@ -330,5 +343,41 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[derive(Debug)]
+struct TemplateCacheCollector(Caches);
+
+impl Collector for TemplateCacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let turns = &self.0.turns;
+        for (name, help, value) in [
+            (
+                "template_cache_hits",
+                "Turns a templated read found rendered",
+                turns.hits(),
+            ),
+            (
+                "template_cache_misses",
+                "Turns a templated read did not find rendered, and rendered",
+                turns.misses(),
+            ),
+        ] {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        let bytes = ConstGauge::new(turns.bytes() as i64);
+        bytes.encode(encoder.encode_descriptor(
+            "template_cache_bytes",
+            "Bytes of rendered turns kept (at most TURNSTORE_TEMPLATE_CACHE_MB)",
+            None,
+            bytes.metric_type(),
+        )?)
     }
 }

@@ -105,11 +105,7 @@ async fn summary_through(app: &TestApp, session: &str, through: u64) -> Value {
 
 /// The value of the sample `name` (labels included, as exposed), 0 if absent.
 async fn metric(app: &TestApp, name: &str) -> f64 {
-    app.metrics()
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
+    app.metric(name).await
 }
 
 /// Questions and answers whose text blocks count alike, turn to turn.

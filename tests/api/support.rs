@@ -148,6 +148,16 @@ impl TestApp {
         res.text().await.unwrap()
     }
 
+    /// The value of the series `name` (with its labels) in `/metrics`; 0
+    /// when absent.
+    pub async fn metric(&self, name: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    }
+
     pub async fn import(&self, session: &str, body: Value) -> Response {
         self.http
             .post(self.url(&format!("/v1/sessions/{session}/import")))

@@ -14,6 +14,7 @@ conformance!(
     operators_templates_render_and_fail_cleanly,
     unknown_templates_and_other_formats_are_refused,
     a_templated_read_that_takes_every_turn_is_one_script_call,
+    the_cache_of_rendered_turns_is_measured,
 );
 
 /// A session of three turns, one with text that XML must escape.
@@ -337,4 +338,29 @@ async fn a_templated_read_that_takes_every_turn_is_one_script_call(backend: Back
     assert_eq!(h["stopped_by"], "max_tokens", "{h}");
     assert_eq!(h["unsummarized"]["through_seq"], 3, "{h}");
     assert_eq!(n, 2);
+}
+
+/// `/metrics` tells how the cache of rendered turns does (what
+/// `TURNSTORE_TEMPLATE_CACHE_MB` is sized by): each turn a templated read
+/// renders is a miss, each it finds again a hit, and the bytes kept show.
+async fn the_cache_of_rendered_turns_is_measured(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = three_turns(&app).await;
+    let hits = "turnstore_template_cache_hits_total";
+    let misses = "turnstore_template_cache_misses_total";
+    assert_eq!(app.metric(hits).await, 0.0);
+    assert_eq!(app.metric(misses).await, 0.0);
+    assert_eq!(app.metric("turnstore_template_cache_bytes").await, 0.0);
+
+    let first = app.history_ok(&s, "template=markdown").await;
+    assert_eq!(app.metric(misses).await, 3.0);
+    assert_eq!(app.metric(hits).await, 0.0);
+    let kept = app.metric("turnstore_template_cache_bytes").await;
+    assert!(kept > 0.0);
+
+    let again = app.history_ok(&s, "template=markdown").await;
+    assert_eq!(again["rendered"], first["rendered"]);
+    assert_eq!(app.metric(hits).await, 3.0);
+    assert_eq!(app.metric(misses).await, 3.0);
+    assert_eq!(app.metric("turnstore_template_cache_bytes").await, kept);
 }

@@ -121,9 +121,10 @@ impl Generation {
 struct Shard {
     young: Generation,
     old: Generation,
-    /// Look-ups that found their turn (counted under the lock: no shared
-    /// counter for the workers to contend on).
+    /// Look-ups that found their turn, and that did not (counted under
+    /// the lock: no shared counter for the workers to contend on).
     hits: u64,
+    misses: u64,
 }
 
 /// A bounded map from a turn's rendering key to its rendering.
@@ -172,15 +173,17 @@ impl TurnCache {
     pub(super) fn get(&self, key: &TurnKey) -> Option<Rendered> {
         let mut s = self.shard(key);
         let found = match s.young.entries.get(key) {
-            Some(r) => r.clone(),
-            None => {
-                let r = s.old.remove(key)?;
-                self.store(&mut s, *key, r.clone());
-                r
-            }
+            Some(r) => Some(r.clone()),
+            None => s
+                .old
+                .remove(key)
+                .inspect(|r| self.store(&mut s, *key, r.clone())),
         };
-        s.hits += 1;
-        Some(found)
+        match found {
+            Some(_) => s.hits += 1,
+            None => s.misses += 1,
+        }
+        found
     }
 
     /// Keeps `rendered` if it is small enough to be taken on a worker.
@@ -205,6 +208,11 @@ impl TurnCache {
     /// How many look-ups found their turn so far.
     pub fn hits(&self) -> u64 {
         self.shards.iter().map(|s| lock(s).hits).sum()
+    }
+
+    /// How many look-ups found nothing so far (the turn was then rendered).
+    pub fn misses(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).misses).sum()
     }
 
     /// Bytes held now (texts and overheads).
