@@ -230,8 +230,8 @@ impl Run {
     /// first and last cuts (which are cuts of `text` too) counts, between
     /// them, its count alone less its two ends; only its ends and what lies
     /// between the texts (the template's markup) are tokenized. A text not
-    /// found as it is (escaped, say) changes nothing.
-    /// The run's ends are parts of `text`, shared with it.
+    /// found as it is (escaped, say) changes nothing. The run's ends are
+    /// parts of `shared`, not copies.
     pub fn segment_knowing<'a>(
         shared: &Arc<str>,
         counter: &Counter,

@@ -36,7 +36,8 @@ pub const MAX_PIECE_BYTES: usize = 64 * 1024;
 /// tokenizes at most a few of these, cheap enough for an async worker.
 pub const MAX_END_BYTES: usize = 1024;
 
-/// What an entry costs besides its piece (the map slot, the `Arc`'s).
+/// What an entry costs besides its piece's text (the map slot, the
+/// piece's `Arc` header and allocation).
 const OVERHEAD_BYTES: usize = 192;
 
 const SHARDS: usize = 16;
