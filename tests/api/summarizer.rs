@@ -103,11 +103,6 @@ async fn summary_through(app: &TestApp, session: &str, through: u64) -> Value {
     .await
 }
 
-/// The value of the sample `name` (labels included, as exposed), 0 if absent.
-async fn metric(app: &TestApp, name: &str) -> f64 {
-    app.metric(name).await
-}
-
 /// Questions and answers whose text blocks count alike, turn to turn.
 fn q(i: usize) -> String {
     format!("question number {i}")
@@ -209,24 +204,22 @@ async fn the_summarizer_folds_what_a_default_history_leaves_out(backend: Backend
     assert_eq!(fake.stats().await["requests"], 2);
 
     assert_eq!(
-        metric(
-            &app,
-            r#"turnstore_summarizer_runs_total{outcome="written"}"#
-        )
-        .await,
+        app.metric(r#"turnstore_summarizer_runs_total{outcome="written"}"#)
+            .await,
         2.0
     );
     assert_eq!(
-        metric(&app, "turnstore_summarizer_turns_folded_total").await,
+        app.metric("turnstore_summarizer_turns_folded_total").await,
         4.0
     );
     assert_eq!(
-        metric(&app, "turnstore_summarizer_tokens_folded_total").await,
+        app.metric("turnstore_summarizer_tokens_folded_total").await,
         (2 * two) as f64,
         "the tokens of turns 1 to 4"
     );
     assert_eq!(
-        metric(&app, "turnstore_summarizer_duration_seconds_count").await,
+        app.metric("turnstore_summarizer_duration_seconds_count")
+            .await,
         2.0
     );
 }
@@ -261,7 +254,7 @@ async fn a_failing_endpoint_changes_nothing_and_is_counted(backend: Backend) {
     for (i, (mode, kind)) in failures.iter().enumerate() {
         fake.set_mode(mode.clone()).await;
         let name = format!(r#"turnstore_summarizer_failures_total{{kind="{kind}"}}"#);
-        let earlier = metric(&app, &name).await;
+        let earlier = app.metric(&name).await;
         // Each finalize answers as ever, and asks for a run: which fails.
         let t = app
             .started(json!({"session_id": s, "user_query": q(i + 2)}))
@@ -271,7 +264,7 @@ async fn a_failing_endpoint_changes_nothing_and_is_counted(backend: Backend) {
             .await;
         assert_eq!(res.status(), 200, "{mode}");
         eventually(&format!("{mode} counted"), || async {
-            (metric(&app, &name).await > earlier).then_some(())
+            (app.metric(&name).await > earlier).then_some(())
         })
         .await;
         assert!(summary(&app, &s).await.is_none(), "{mode}");
@@ -317,12 +310,12 @@ async fn a_failing_endpoint_changes_nothing_and_is_counted(backend: Backend) {
     // the second turn is in, and then both writes find a backlog to fold.
     // Every failed run is that one kind of failure.
     let counted = within_30s(|| async {
-        let n = metric(
-            &app,
-            r#"turnstore_summarizer_failures_total{kind="connection"}"#,
-        )
-        .await;
-        let failed = metric(&app, r#"turnstore_summarizer_runs_total{outcome="failed"}"#).await;
+        let n = app
+            .metric(r#"turnstore_summarizer_failures_total{kind="connection"}"#)
+            .await;
+        let failed = app
+            .metric(r#"turnstore_summarizer_runs_total{outcome="failed"}"#)
+            .await;
         (n >= 1.0 && failed == n).then_some(n)
     })
     .await;
@@ -389,7 +382,7 @@ async fn instances_racing_on_one_session_call_the_model_one_at_a_time(backend: B
     // Every turn folded exactly once, between them.
     let mut folded = 0.0;
     for app in &apps {
-        folded += metric(app, "turnstore_summarizer_turns_folded_total").await;
+        folded += app.metric("turnstore_summarizer_turns_folded_total").await;
     }
     assert_eq!(folded, (n - 1) as f64);
     let text = summary(&apps[1], &s).await.unwrap()["summary"].clone();
@@ -455,7 +448,7 @@ async fn a_long_backlog_is_folded_over_several_runs(backend: Backend) {
     let requests = fake.stats().await["requests"].as_u64().unwrap();
     assert_eq!(requests, 3, "16 turns a run: 16, 16 and 7");
     assert_eq!(
-        metric(&app, "turnstore_summarizer_turns_folded_total").await,
+        app.metric("turnstore_summarizer_turns_folded_total").await,
         39.0
     );
 }

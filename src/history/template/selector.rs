@@ -484,6 +484,26 @@ mod tests {
         }
     }
 
+    /// `c` as a template sees it under `o`, truncated as `Selector`
+    /// truncates it.
+    fn selected_turn(c: &Candidate, o: &Options) -> SelectedTurn {
+        let (user_query, query_cut) = truncate(c.user_query.clone(), o.max_query_chars);
+        let (final_answer, answer_cut) = truncate(c.final_answer.clone(), o.max_answer_chars);
+        SelectedTurn {
+            truncated: query_cut || answer_cut,
+            turn: TurnView {
+                turn_id: c.turn_id,
+                seq: c.seq,
+                started_at: c.started_at,
+                finalized_at: c.finalized_at,
+                user_query,
+                final_answer,
+                user_query_en: None,
+                final_answer_en: None,
+            },
+        }
+    }
+
     fn candidates(pairs: &[(&str, &str)]) -> Vec<Candidate> {
         pairs
             .iter()
@@ -608,20 +628,7 @@ mod tests {
         let fresh = |turns: &[SelectedTurn], s: Option<&Summary>| {
             o.encoding.count(&t.render(&GLOBALS, s, turns).unwrap())
         };
-        let selected = |c: &Candidate| SelectedTurn {
-            truncated: truncate(c.user_query.clone(), o.max_query_chars).1
-                || truncate(c.final_answer.clone(), o.max_answer_chars).1,
-            turn: TurnView {
-                turn_id: c.turn_id,
-                seq: c.seq,
-                started_at: c.started_at,
-                finalized_at: c.finalized_at,
-                user_query: truncate(c.user_query.clone(), o.max_query_chars).0,
-                final_answer: truncate(c.final_answer.clone(), o.max_answer_chars).0,
-                user_query_en: None,
-                final_answer_en: None,
-            },
-        };
+        let selected = |c: &Candidate| selected_turn(c, o);
         let mut bytes = 0u64;
         if let Some(s) = summary {
             let tokens = fresh(&[], Some(s));
@@ -1101,23 +1108,8 @@ mod tests {
              {% if user_id is defined %}|{{ user_id|upper }}|{% endif %}{% endmacro %}",
         ];
         let cs = candidates(&[("q1", "a1"), ("q2", "a2")]);
-        let turns: Vec<_> = cs
-            .iter()
-            .map(|c| SelectedTurn {
-                turn: TurnView {
-                    turn_id: c.turn_id,
-                    seq: c.seq,
-                    started_at: c.started_at,
-                    finalized_at: c.finalized_at,
-                    user_query: c.user_query.text.clone(),
-                    final_answer: c.final_answer.text.clone(),
-                    user_query_en: None,
-                    final_answer_en: None,
-                },
-                truncated: false,
-            })
-            .collect();
         let o = opts(Encoding::O200kBase, 4096);
+        let turns: Vec<_> = cs.iter().map(|c| selected_turn(c, &o)).collect();
         for source in sources {
             let t = Template::compile("g", source).unwrap();
             assert!(t.compiled.uses_globals(), "{source}");
