@@ -93,6 +93,7 @@ async fn main() {
                                 text: SUMMARY.trim_end(),
                                 through_seq: summary_through,
                                 expected_through_seq: None,
+                                expected_generation: None,
                                 tokens: &s_tokens,
                                 now: now_millis(),
                             })

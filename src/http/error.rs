@@ -224,6 +224,9 @@ pub enum ApiError {
     TooManyPendingTurns { retry_after: std::time::Duration },
     /// 409 `summary_conflict`, saying what the stored summary covers.
     SummaryConflict { stored: u64 },
+    /// 409 `summary_conflict`: the session is not the generation the
+    /// write expected.
+    SessionReplaced,
     /// 422 `template_error`, saying where and why.
     Template(String),
     /// Any other problem, with its code's own detail.
@@ -270,7 +273,9 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => ProblemCode::PayloadTooLarge,
             ApiError::StoreUnready(_) => ProblemCode::StoreUnavailable,
             ApiError::TooManyPendingTurns { .. } => ProblemCode::TooManyPendingTurns,
-            ApiError::SummaryConflict { .. } => ProblemCode::SummaryConflict,
+            ApiError::SummaryConflict { .. } | ApiError::SessionReplaced => {
+                ProblemCode::SummaryConflict
+            }
             ApiError::Template(_) => ProblemCode::TemplateError,
             ApiError::Code(code) => *code,
         }
@@ -294,6 +299,13 @@ impl ApiError {
                 format!(
                     "the stored summary covers through seq {stored} (0: there is none); nothing was written"
                 ),
+                None,
+            ),
+            ApiError::SessionReplaced => (
+                "the session is not the generation this write expected: it was cleared, \
+                 erased or expired since it was read (and may have been started again); \
+                 nothing was written"
+                    .to_owned(),
                 None,
             ),
             ApiError::TooManyPendingTurns { .. } | ApiError::Code(_) => (detail.to_owned(), None),
@@ -350,6 +362,7 @@ impl From<StoreError> for ApiError {
                 ApiError::TooManyPendingTurns { retry_after }
             }
             StoreError::SummaryConflict { stored } => ApiError::SummaryConflict { stored },
+            StoreError::SessionReplaced => ApiError::SessionReplaced,
             StoreError::Template(e) => ApiError::Template(format!("the template failed: {e}")),
             StoreError::SummaryBeyond { newest } => ApiError::field(
                 "through_seq",

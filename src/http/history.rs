@@ -328,7 +328,8 @@ impl From<Unsummarized> for UnsummarizedOut {
     "pending_turns": 0,
     "stopped_by": null,
     "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
-    "unsummarized": null
+    "unsummarized": null,
+    "generation": "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17"
 }))]
 pub struct HistoryResponse {
     #[schema(value_type = SessionId)]
@@ -375,6 +376,12 @@ pub struct HistoryResponse {
     /// `null` when there are none.
     #[schema(required = true)]
     pub unsummarized: Option<UnsummarizedOut>,
+    /// The session's generation (see the Session object), `null` for an
+    /// unknown session: a summary folded from this history is written with
+    /// it as `expected_generation`, so that it cannot land on a session
+    /// cleared and started again meanwhile.
+    #[schema(required = true)]
+    pub generation: Option<String>,
 }
 
 impl HistoryResponse {
@@ -397,6 +404,7 @@ impl HistoryResponse {
             turns: None,
             summary: None,
             unsummarized: stored.unsummarized.map(UnsummarizedOut::from),
+            generation: stored.generation,
         };
         let summary = stored.summary.as_ref().map(|s| s.text.as_str());
         match opts.format {

@@ -56,7 +56,8 @@ impl SessionTurnPath {
     "last_active_at": "2026-11-25T10:17:02.481Z",
     "expires_at": "2026-12-02T10:17:02.481Z",
     "turn_count": 2,
-    "pending_count": 0
+    "pending_count": 0,
+    "generation": "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17"
 }))]
 pub struct Session {
     #[schema(value_type = SessionId)]
@@ -76,6 +77,10 @@ pub struct Session {
     pub turn_count: u64,
     /// Started turns not finalized yet.
     pub pending_count: u64,
+    /// Names this incarnation of the session id (opaque): a session
+    /// cleared, erased or expired and started again under the same id has
+    /// another. A summary write can require it (`expected_generation`).
+    pub generation: String,
 }
 
 /// Get a session
@@ -108,6 +113,7 @@ pub async fn get_session(
         expires_at: rfc3339(info.expires_at),
         turn_count: info.turn_count,
         pending_count: info.pending_count,
+        generation: info.generation,
     }))
 }
 

@@ -44,6 +44,12 @@ pub struct PutSummaryRequest {
     /// summarizers then never overwrite each other.
     #[schema(minimum = 0)]
     pub expected_through_seq: Option<u64>,
+    /// Write only to this generation of the session: the `generation` of
+    /// the history (or session) the summary was folded from. A session
+    /// cleared, erased or expired since (even if started again under the
+    /// same id) answers 409 `summary_conflict`, and nothing is written.
+    #[schema(max_length = 64, example = "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17")]
+    pub expected_generation: Option<String>,
     /// Checked against the session's owner as a start's is (403); a summary
     /// does not claim an unowned session. `""` counts as absent.
     pub user_id: Option<String>,
@@ -56,6 +62,7 @@ struct Write {
     text: SummaryText,
     through_seq: u64,
     expected: Option<u64>,
+    generation: Option<String>,
 }
 
 impl Write {
@@ -70,7 +77,7 @@ impl Write {
             }
             other => field("summary", other),
         };
-        let (session, text, user, ()) = (
+        let (session, text, user, (), ()) = (
             path.session_id(),
             text,
             optional(
@@ -81,6 +88,13 @@ impl Write {
                     .map(UserId::parse),
             ),
             rule("through_seq", body.through_seq >= 1, "must be at least 1"),
+            rule(
+                "expected_generation",
+                body.expected_generation
+                    .as_ref()
+                    .is_none_or(|g| !g.is_empty() && g.len() <= 64),
+                "must be a session's generation (1 to 64 characters)",
+            ),
         )
             .all()?;
         Ok(Write {
@@ -89,6 +103,7 @@ impl Write {
             text,
             through_seq: body.through_seq,
             expected: body.expected_through_seq,
+            generation: body.expected_generation,
         })
     }
 }
@@ -128,6 +143,7 @@ pub async fn put_summary(
             text: w.text.as_str(),
             through_seq: w.through_seq,
             expected_through_seq: w.expected,
+            expected_generation: w.generation.as_deref(),
             tokens: &tokens,
             now: now_millis(),
         })

@@ -94,9 +94,8 @@ pub struct UserSession {
 pub struct UserSessionsResponse {
     #[schema(value_type = UserId)]
     pub user_id: String,
-    /// Live sessions, most recently active first (by their last index
-    /// refresh: a start refreshes it at least every `TURNSTORE_SESSION_TTL / 4`,
-    /// at most a day).
+    /// Live sessions, most recently active first: by their latest start
+    /// or import, to the second (a finalize does not move a session).
     pub sessions: Vec<UserSession>,
     /// Pass as `cursor` for the next page; `null` on the last page.
     #[schema(pattern = "^[0-9]{1,19}$", required = true)]

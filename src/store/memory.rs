@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::{
     CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Limits,
     MAX_WAITING, Pace, SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store,
-    StoreError, StoredHistory, StoredSummary, SummaryWrite, Unreturned, Unsummarized,
+    StoreError, StoredHistory, StoredSummary, SummaryWrite, Unreturned, Unsummarized, moves_to_top,
     next_index_time,
 };
 use crate::domain::{SessionId, TurnId, UserId};
@@ -69,6 +69,8 @@ enum KeyUse {
 
 struct Session {
     user_id: Option<UserId>,
+    /// The id of the turn that created it, as Redis keeps it (`g`).
+    generation: String,
     created_at: Millis,
     last_active_at: Millis,
     expires: Instant,
@@ -80,15 +82,19 @@ struct Session {
     idempotency: HashMap<String, (KeyUse, String)>,
     /// How long the owner's index entry reaches (`Limits::index_needed`).
     indexed_until: Millis,
+    /// When a start or import last moved the entry to the top (`ia` in Redis).
+    moved_at: Millis,
     summary: Option<StoredSummary>,
     /// The encoding the finalized turns' counts are in (as Redis tracks it).
     counts_in: CountsIn,
 }
 
 impl Session {
-    fn new(created_at: Millis, now: Instant) -> Self {
+    /// `first`: the turn that creates it (its id names the generation).
+    fn new(created_at: Millis, now: Instant, first: TurnId) -> Self {
         Session {
             user_id: None,
+            generation: first.to_string(),
             created_at,
             last_active_at: created_at,
             expires: now,
@@ -98,6 +104,7 @@ impl Session {
             pending: HashMap::new(),
             idempotency: HashMap::new(),
             indexed_until: 0,
+            moved_at: 0,
             summary: None,
             counts_in: CountsIn::Nothing,
         }
@@ -172,6 +179,7 @@ impl Session {
                 .is_none_or(|(s, _)| *s <= hi);
         let mut g = Gathered {
             user_id: self.user_id.as_ref().map(|u| u.to_string()),
+            generation: Some(self.generation.clone()),
             pending_turns: self
                 .live_pending(now)
                 .filter(|(p, _)| p.seq < before_seq)
@@ -214,6 +222,7 @@ impl Session {
 #[derive(Default)]
 struct Gathered {
     user_id: Option<String>,
+    generation: Option<String>,
     total_turns: u64,
     pending_turns: u64,
     /// The summary the read begins with, if it asks and there is one.
@@ -260,6 +269,7 @@ impl Gathered {
             rendered: picked.rendered,
             unsummarized: None,
             selection,
+            generation: self.generation,
         };
         Ok((history, unreturned))
     }
@@ -468,24 +478,13 @@ impl MemoryStore {
         let session = state
             .sessions
             .entry(req.session_id.clone())
-            .or_insert_with(|| Session::new(req.now, now));
+            .or_insert_with(|| Session::new(req.now, now, *req.turn.turn_id));
         self.expired_pending.inc_by(session.purge_pending(now));
         let claim = session.user_id.is_none() && req.user_id.is_some();
         if claim {
             session.user_id = req.user_id.cloned();
         }
-        let needed = req
-            .now
-            .saturating_add(super::ms(self.limits.index_needed()));
-        if let Some(owner) = &session.user_id
-            && (claim || session.indexed_until < needed)
-        {
-            let index = state.users.entry(owner.clone()).or_default();
-            let top = index.by_time.last_key_value().map(|(t, _)| *t);
-            let time = next_index_time(req.now, self.limits.index_horizon(), top, 0);
-            index.put(req.session_id, time);
-            session.indexed_until = time;
-        }
+        self.index_active(&mut state.users, session, req.session_id, claim, req.now);
         session.next_seq += 1;
         let turn = req.turn.with_seq(session.next_seq);
         let history = req.history.map(|read| session.gather(read, turn.seq, now));
@@ -525,6 +524,44 @@ impl MemoryStore {
             .live(session, Instant::now())
             .and_then(|s| s.unsummarized(unreturned, read));
         Ok(history)
+    }
+
+    /// A start or import of an owned session: writes the owner's index
+    /// entry when the session is claimed or outlives it (`claim`, or
+    /// `indexed_until` too short), else moves it to the top (see
+    /// `moves_to_top`), as the Redis store does in two slots.
+    fn index_active(
+        &self,
+        users: &mut HashMap<UserId, UserIndex>,
+        session: &mut Session,
+        id: &SessionId,
+        claim: bool,
+        now: Millis,
+    ) {
+        let Some(owner) = &session.user_id else {
+            return;
+        };
+        let needed = now.saturating_add(super::ms(self.limits.index_needed()));
+        let written = claim || session.indexed_until < needed;
+        let moved = moves_to_top(written, session.moved_at, now);
+        if !written && !moved {
+            return;
+        }
+        session.moved_at = now;
+        let index = users.entry(owner.clone()).or_default();
+        if moved && !index.time_of.contains_key(id) {
+            return; // a move keeps an entry removed meanwhile removed
+        }
+        let top = index.by_time.last_key_value();
+        if moved && top.is_some_and(|(_, s)| s == id) {
+            return;
+        }
+        let top = top.map(|(t, _)| *t);
+        let time = next_index_time(now, self.limits.index_horizon(), top, 0);
+        index.put(id, time);
+        if written {
+            session.indexed_until = time;
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -649,6 +686,7 @@ impl Store for MemoryStore {
         let mut state = self.lock();
         Ok(state.live(session, now).map(|s| SessionInfo {
             user_id: s.user_id.as_ref().map(|u| u.to_string()),
+            generation: s.generation.clone(),
             created_at: s.created_at,
             last_active_at: s.last_active_at,
             expires_at: now_ms + super::ms(s.expires - now),
@@ -819,26 +857,18 @@ impl Store for MemoryStore {
                 };
             }
         }
+        let Some(creator) = req.turns.first().map(|t| t.turn_id) else {
+            return Err(StoreError::Corrupt("an import without turns".into()));
+        };
         let session = state
             .sessions
             .entry(req.session_id.clone())
-            .or_insert_with(|| Session::new(req.now, now));
+            .or_insert_with(|| Session::new(req.now, now, creator));
         let claim = session.user_id.is_none() && req.user_id.is_some();
         if claim {
             session.user_id = req.user_id.cloned();
         }
-        let needed = req
-            .now
-            .saturating_add(super::ms(self.limits.index_needed()));
-        if let Some(owner) = &session.user_id
-            && (claim || session.indexed_until < needed)
-        {
-            let index = state.users.entry(owner.clone()).or_default();
-            let top = index.by_time.last_key_value().map(|(t, _)| *t);
-            let time = next_index_time(req.now, self.limits.index_horizon(), top, 0);
-            index.put(req.session_id, time);
-            session.indexed_until = time;
-        }
+        self.index_active(&mut state.users, session, req.session_id, claim, req.now);
         let first = session.next_seq + 1;
         for t in req.turns {
             session.next_seq += 1;
@@ -916,7 +946,13 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
-        let Some(s) = state.live(w.session_id, now) else {
+        let s = state.live(w.session_id, now);
+        if let Some(read) = w.expected_generation
+            && s.as_ref().is_none_or(|s| s.generation != read)
+        {
+            return Err(StoreError::SessionReplaced);
+        }
+        let Some(s) = s else {
             return Err(StoreError::SummaryBeyond { newest: 0 });
         };
         if let (Some(owner), Some(user)) = (&s.user_id, w.user_id)

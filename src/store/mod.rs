@@ -49,13 +49,26 @@ impl Limits {
 
 /// A user's sessions are listed and erased in the order of their index
 /// entries, each `(time, session)`: the time the entry reaches until, so
-/// the most recently active sessions come first. Times in one user's
+/// the most recently written come first (a start or an import writes or
+/// moves its entry, see `moves_to_top`). Times in one user's
 /// index are unique: an entry written gets a time past every other.
 pub fn next_index_time(now: Millis, horizon: Duration, top: Option<Millis>, min: Millis) -> Millis {
     let reach = now.saturating_add(ms(horizon));
     reach
         .max(top.map_or(Millis::MIN, |t| t + 1))
         .max(min.saturating_add(1))
+}
+
+/// Listings show a user's most recently active sessions first: each start
+/// or import moves its session's entry to the top of the owner's index,
+/// at most once this often (ms).
+pub const MOVE_EVERY: Millis = 1000;
+
+/// Whether a start or import moves the owner's entry to the top, given
+/// when it last moved and whether an entry was written for this very call
+/// (it is on top already). Twin of `activity` in `redis/lua/common.lua`.
+pub fn moves_to_top(written: bool, moved_at: Millis, now: Millis) -> bool {
+    !written && now.saturating_sub(moved_at) >= MOVE_EVERY
 }
 
 /// A page of a listing examines at most this many index entries per
@@ -138,6 +151,9 @@ pub struct StoredHistory {
     pub rendered: Option<String>,
     /// The finalized turns neither returned nor covered by the summary.
     pub unsummarized: Option<Unsummarized>,
+    /// The session's generation (see `SessionInfo::generation`); `None`
+    /// when there is no such session.
+    pub generation: Option<String>,
 }
 
 /// A session's rolling summary, as stored.
@@ -203,6 +219,9 @@ pub struct SummaryWrite<'a> {
     pub through_seq: u64,
     /// Write only if the stored summary covers exactly this (0: none yet).
     pub expected_through_seq: Option<u64>,
+    /// Write only to this generation of the session (the one the writer
+    /// read), not to a session cleared or erased since and started again.
+    pub expected_generation: Option<&'a str>,
     pub tokens: &'a SummaryTokens,
     pub now: Millis,
 }
@@ -307,6 +326,9 @@ pub enum Finalized {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionInfo {
     pub user_id: Option<String>,
+    /// Names this incarnation of the session id: a session cleared,
+    /// erased or expired and then started again has another. Opaque.
+    pub generation: String,
     pub created_at: Millis,
     pub last_active_at: Millis,
     pub expires_at: Millis,
@@ -361,6 +383,10 @@ pub enum StoreError {
     /// expected, or more than it would.
     #[error("the stored summary covers through seq {stored}")]
     SummaryConflict { stored: u64 },
+    /// The session is not the generation the summary writer read: it was
+    /// cleared, erased or expired since (and perhaps started again).
+    #[error("the session was replaced since it was read")]
+    SessionReplaced,
     /// The summary would cover turns past the newest finalized one.
     #[error("the newest finalized turn is {newest}")]
     SummaryBeyond { newest: u64 },

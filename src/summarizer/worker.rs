@@ -63,6 +63,14 @@ pub struct Summarizer {
     busy: Mutex<HashMap<SessionId, bool>>,
 }
 
+/// What a default history leaves unsummarized: the turns after `covered`
+/// through `through`, of this generation of the session.
+struct Backlog {
+    covered: u64,
+    through: u64,
+    generation: String,
+}
+
 /// How a run ended, for the metrics.
 enum Outcome {
     /// Nothing to fold (below the threshold, or none).
@@ -164,15 +172,22 @@ impl Summarizer {
     }
 
     /// The finalized turns after the summary that a default history leaves
-    /// out, if they are worth folding: `(covered, through)`.
-    async fn backlog(&self, session: &SessionId) -> Result<Option<(u64, u64)>, StoreError> {
+    /// out, if they are worth folding.
+    async fn backlog(&self, session: &SessionId) -> Result<Option<Backlog>, StoreError> {
         let h = self
             .store
             .history(session, &self.plan.history, now_millis())
             .await?;
+        let Some(generation) = h.generation else {
+            return Ok(None);
+        };
         Ok(h.unsummarized
             .filter(|u| u.tokens.is_some_and(|t| t >= self.plan.after_tokens))
-            .map(|u| (u.after_seq, u.through_seq)))
+            .map(|u| Backlog {
+                covered: u.after_seq,
+                through: u.through_seq,
+                generation,
+            }))
     }
 
     async fn run(&self, session: &SessionId) -> Result<Outcome, Failure> {
@@ -193,7 +208,12 @@ impl Summarizer {
     /// Under the lock: read what is left to fold (another instance may have
     /// folded since), fold the oldest of it, write the result.
     async fn fold(&self, session: &SessionId) -> Result<Outcome, Failure> {
-        let Some((covered, through)) = self.backlog(session).await? else {
+        let Some(Backlog {
+            covered,
+            through,
+            generation,
+        }) = self.backlog(session).await?
+        else {
             return Ok(Outcome::Folded);
         };
         let previous = self.store.summary(session).await?;
@@ -244,6 +264,9 @@ impl Summarizer {
                 text: &text,
                 through_seq: after,
                 expected_through_seq: Some(covered),
+                // What was read and folded is this generation's: a session
+                // cleared (or erased) and started again since gets none of it.
+                expected_generation: Some(&generation),
                 tokens: &counts,
                 now: now_millis(),
             })
@@ -255,6 +278,7 @@ impl Summarizer {
             }),
             Err(
                 StoreError::SummaryConflict { .. }
+                | StoreError::SessionReplaced
                 | StoreError::SummaryBeyond { .. }
                 | StoreError::SummaryOverPending { .. },
             ) => Ok(Outcome::Conflict),

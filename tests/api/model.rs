@@ -131,13 +131,15 @@ enum Op {
         session: usize,
     },
     /// A summary write: through the newest finalized seq less `back`, with
-    /// or without the expected coverage (right or off by one).
+    /// or without the expected coverage (right or off by one), and the
+    /// expected generation (the session's own, or another).
     PutSummary {
         session: usize,
         text: usize,
         back: u64,
         expected: Option<i64>,
         user: Option<usize>,
+        generation: Option<bool>,
     },
     GetSummary {
         session: usize,
@@ -250,9 +252,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (s.clone(), read()).prop_map(|(session, read)| Op::History { session, read }),
         1 => s.clone().prop_map(|session| Op::Info { session }),
         2 => (s.clone(), 0..TEXT_COUNT, 0u64..4, proptest::option::of(-1i64..2),
-              proptest::option::of(0..USERS))
-            .prop_map(|(session, text, back, expected, user)|
-                Op::PutSummary { session, text, back, expected, user }),
+              proptest::option::of(0..USERS), proptest::option::of(any::<bool>()))
+            .prop_map(|(session, text, back, expected, user, generation)|
+                Op::PutSummary { session, text, back, expected, user, generation }),
         1 => s.clone().prop_map(|session| Op::GetSummary { session }),
         1 => (s.clone(), proptest::option::of(0..USERS), proptest::option::of(0usize..2),
               proptest::collection::vec((0..TEXT_COUNT, 0..TEXT_COUNT), 1..4))
@@ -436,8 +438,20 @@ impl Pair {
                 back,
                 expected,
                 user,
+                generation,
             } => {
                 let s = &self.sessions[*session];
+                let current = match self.memory.session_info(s, now).await {
+                    Ok(Some(info)) => info.generation,
+                    _ => "none".to_owned(),
+                };
+                let generation = generation.map(|own| {
+                    if own {
+                        current
+                    } else {
+                        TurnId::generate().to_string()
+                    }
+                });
                 // Aim at what the session holds: its newest finalized seq
                 // (from the memory store), less `back`.
                 let read = Options {
@@ -473,6 +487,7 @@ impl Pair {
                     text: &text,
                     through_seq,
                     expected_through_seq: expected,
+                    expected_generation: generation.as_deref(),
                     tokens: &tokens,
                     now,
                 };
@@ -777,6 +792,7 @@ fn memory_and_redis_agree_at_every_budget() {
             back: TEXT_COUNT as u64 - 3,
             expected: Some(0),
             user: None,
+            generation: Some(true),
         };
         let (m, r) = pair.apply(&put).await;
         assert_eq!(m, r);

@@ -19,6 +19,7 @@ conformance!(
     many_turns_waiting_behind_a_pending_turn_are_not_summed,
     a_client_folds_its_history_into_a_rolling_summary,
     clearing_and_erasing_delete_the_summary,
+    a_summary_lands_only_on_the_generation_it_was_folded_from,
 );
 
 impl TestApp {
@@ -592,4 +593,72 @@ async fn clearing_and_erasing_delete_the_summary(backend: Backend) {
     let (deleted, _) = app.erase_user_fully("erin").await;
     assert_eq!(deleted, 1);
     problem(app.get_summary(&owned).await, 404, "summary_not_found").await;
+}
+
+async fn a_summary_lands_only_on_the_generation_it_was_folded_from(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = session_of(&app, 3).await;
+    let unknown = app.history_ok(&sid(), "").await;
+    assert_eq!(unknown["generation"], Value::Null, "{unknown}");
+
+    // Every read of one incarnation names the same generation.
+    let read = app.history_ok(&s, "limit=1&summary=true").await;
+    let generation = read["generation"]
+        .as_str()
+        .expect("a generation")
+        .to_owned();
+    let info = ok_json(app.session(&s).await, StatusCode::OK).await;
+    assert_eq!(info["generation"], generation.as_str());
+    let started = app
+        .started(json!({"session_id": s, "user_query": "q4", "history": {}}))
+        .await;
+    assert_eq!(started["history"]["generation"], generation.as_str());
+
+    // The session is cleared and made again with as many turns: a fold of
+    // the old one is refused with 409 and writes nothing.
+    let folded = json!({"summary": "The first conversation.", "through_seq": 2,
+                        "expected_through_seq": 0, "expected_generation": generation});
+    assert_eq!(app.clear(&s).await.status(), 204);
+    for i in 1..=3 {
+        app.complete(&s, &format!("new q{i}"), &format!("new a{i}"))
+            .await;
+    }
+    let p = problem(
+        app.put_summary(&s, folded.clone()).await,
+        409,
+        "summary_conflict",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("generation"), "{p}");
+    problem(app.get_summary(&s).await, 404, "summary_not_found").await;
+    let again = app.history_ok(&s, "limit=1&summary=true").await;
+    let new_generation = again["generation"].as_str().unwrap();
+    assert_ne!(new_generation, generation);
+
+    // A session gone (cleared, not made again) refuses it too.
+    assert_eq!(app.clear(&s).await.status(), 204);
+    problem(app.put_summary(&s, folded).await, 409, "summary_conflict").await;
+
+    // The new generation's own fold lands; so does one that names none.
+    app.complete(&s, "q", "a").await;
+    let now = app.history_ok(&s, "limit=1").await["generation"].clone();
+    ok_json(
+        app.put_summary(
+            &s,
+            json!({"summary": "S", "through_seq": 1, "expected_generation": now}),
+        )
+        .await,
+        StatusCode::OK,
+    )
+    .await;
+    problem(
+        app.put_summary(
+            &s,
+            json!({"summary": "S", "through_seq": 1, "expected_generation": ""}),
+        )
+        .await,
+        422,
+        "validation_failed",
+    )
+    .await;
 }

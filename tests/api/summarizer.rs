@@ -24,6 +24,7 @@ conformance!(
     a_slow_endpoint_holds_no_request_up,
     the_summarizer_lock_expires_and_only_its_holder_releases_it,
     a_long_backlog_is_folded_over_several_runs,
+    a_fold_never_lands_on_a_session_started_again,
 );
 
 mod shared {
@@ -477,4 +478,119 @@ async fn a_summarizer_needs_a_model_and_a_readable_prompt() {
     settings.summarizer_url = Some("not a url".into());
     let e = Application::build(settings).await.err().unwrap();
     assert!(e.to_string().contains("TURNSTORE_SUMMARIZER_URL"), "{e}");
+}
+
+/// A user's turns: long (so that two of them reach the summarizer's
+/// threshold), each naming `word`.
+async fn owned_turns(app: &TestApp, session: &str, user: &str, word: &str, n: usize) {
+    let long = format!("{word} ").repeat(60);
+    for i in 1..=n {
+        let t = app
+            .started(json!({"session_id": session, "user_id": user,
+                            "user_query": format!("{word} question {i} {long}")}))
+            .await;
+        let res = app
+            .finalize(
+                session,
+                t["turn_id"].as_str().unwrap(),
+                &format!("{word} answer {i} {long}"),
+            )
+            .await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+}
+
+/// What a user can read of a session: its summary, a `summary=true`
+/// history and the owner's export, as one string.
+async fn everything_readable(app: &TestApp, session: &str, owner: &str) -> String {
+    let summary = summary(app, session).await.unwrap_or(Value::Null);
+    let history = app
+        .history_ok(session, "summary=true&format=messages")
+        .await;
+    let export = app
+        .http
+        .get(app.url(&format!("/v1/users/{owner}/export")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    format!("{summary}\n{history}\n{export}")
+}
+
+async fn a_fold_never_lands_on_a_session_started_again(backend: Backend) {
+    // The model takes 2 s; the first user's session is erased (or cleared)
+    // and made again under the same id meanwhile. The fold of the old
+    // conversation must not become the new one's summary. (Short turns:
+    // the new conversation alone stays below the threshold.)
+    let fake = FakeLlm::start();
+    let threshold = 2 * count_block("zebra ", 60);
+    let app = summarizing(backend, fake.url("mode=slow&ms=2000"), 1, threshold).await;
+    for (round, replace) in ["erase", "clear"].into_iter().enumerate() {
+        let s = sid();
+        let first = format!("first-{}", sid());
+        let second = if replace == "erase" {
+            format!("second-{}", sid())
+        } else {
+            first.clone()
+        };
+        owned_turns(&app, &s, &first, "zebra", 3).await;
+        eventually(
+            "the model is asked to fold the first conversation",
+            || async {
+                (fake.stats().await["requests"].as_u64().unwrap_or(0) > round as u64).then_some(())
+            },
+        )
+        .await;
+
+        match replace {
+            "erase" => {
+                let (deleted, _) = app.erase_user_fully(&first).await;
+                assert_eq!(deleted, 1);
+            }
+            _ => assert_eq!(app.clear(&s).await.status(), StatusCode::NO_CONTENT),
+        }
+        let messages: Vec<Value> = (1..=5)
+            .flat_map(|i| {
+                [
+                    json!({"role": "user", "content": format!("otter question {i}")}),
+                    json!({"role": "assistant", "content": format!("otter answer {i}")}),
+                ]
+            })
+            .collect();
+        let res = app
+            .import(&s, json!({"user_id": second, "messages": messages}))
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+
+        // The fold's write is refused (a conflict), never written.
+        eventually("the fold ends", || async {
+            let conflicts = app
+                .metric(r#"turnstore_summarizer_runs_total{outcome="conflict"}"#)
+                .await;
+            let written = app
+                .metric(r#"turnstore_summarizer_runs_total{outcome="written"}"#)
+                .await;
+            (conflicts + written > round as f64).then_some(())
+        })
+        .await;
+        let seen = everything_readable(&app, &s, &second).await;
+        assert!(
+            !seen.contains("zebra"),
+            "{replace}: the old conversation leaked:\n{seen}"
+        );
+        assert!(seen.contains("otter question 5"), "{seen}");
+        assert_eq!(
+            app.metric(r#"turnstore_summarizer_runs_total{outcome="written"}"#)
+                .await,
+            0.0
+        );
+    }
+}
+
+/// The tokens of a `text` block of a turn whose texts repeat `word` `n`
+/// times (about: the test's threshold needs no more).
+fn count_block(word: &str, n: usize) -> u32 {
+    crate::support::count("o200k_base", &word.repeat(n)) as u32
 }

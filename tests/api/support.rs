@@ -142,6 +142,17 @@ impl TestApp {
     }
 
     /// `GET /metrics`, as text.
+    /// A finalized turn in a session the user owns (or claims).
+    pub async fn complete_as(&self, session: &str, user: &str, q: &str, a: &str) -> Value {
+        let t = self
+            .started(json!({"session_id": session, "user_id": user, "user_query": q}))
+            .await;
+        let res = self
+            .finalize(session, t["turn_id"].as_str().unwrap(), a)
+            .await;
+        ok_json(res, StatusCode::OK).await
+    }
+
     pub async fn metrics(&self) -> String {
         let res = self.http.get(self.url("/metrics")).send().await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);

@@ -21,6 +21,8 @@ conformance!(
     the_list_pages_with_cursors,
     a_clear_racing_starts_leaves_every_live_session_listed,
     a_start_whose_reply_is_lost_is_listed_if_it_was_written,
+    the_list_puts_the_latest_question_first,
+    an_erased_user_leaves_no_trace,
 );
 
 fn user() -> String {
@@ -285,4 +287,137 @@ async fn a_user_with_100000_sessions_is_listed_and_erased() {
     }
     let index = app.on_every_redis(&["EXISTS", &format!("{prefix}:u:{u}")]);
     assert_eq!(index[0].trim(), "0");
+}
+
+async fn the_list_puts_the_latest_question_first(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let u = user();
+    let (a, b, c) = (sid(), sid(), sid());
+    for s in [&a, &b, &c] {
+        app.complete_as(s, &u, "q", "a").await;
+    }
+    assert_eq!(
+        app.all_user_sessions(&u, 10).await,
+        [c.as_str(), b.as_str(), a.as_str()]
+    );
+
+    // A question in the oldest conversation (without its user id: the
+    // owner's list still follows) puts it first; an import puts another
+    // first; a finalize changes nothing (the question was the activity).
+    // Order is kept to the second: each step waits one.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let t = app
+        .started(json!({"session_id": a, "user_query": "back to this one"}))
+        .await;
+    assert_eq!(
+        app.all_user_sessions(&u, 10).await,
+        [a.as_str(), c.as_str(), b.as_str()]
+    );
+    assert_eq!(
+        app.all_user_sessions(&u, 1).await,
+        [a.as_str(), c.as_str(), b.as_str()],
+        "paged alike"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let res = app
+        .import(
+            &b,
+            json!({"messages": [{"role": "user", "content": "q"},
+                                        {"role": "assistant", "content": "a"}]}),
+        )
+        .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(
+        app.all_user_sessions(&u, 10).await,
+        [b.as_str(), a.as_str(), c.as_str()]
+    );
+    let res = app
+        .finalize(&a, t["turn_id"].as_str().unwrap(), "done")
+        .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        app.all_user_sessions(&u, 10).await,
+        [b.as_str(), a.as_str(), c.as_str()]
+    );
+
+    // Within the same second, the order holds still (no index write).
+    app.started(json!({"session_id": c, "user_query": "quick"}))
+        .await;
+    app.started(json!({"session_id": c, "user_query": "quicker"}))
+        .await;
+    let listed = app.all_user_sessions(&u, 10).await;
+    assert_eq!(
+        listed[0], c,
+        "a question a second after the last move: {listed:?}"
+    );
+}
+
+/// Every key the app's Redis holds under its prefix, with its contents,
+/// as text (hashes, sorted sets and strings: the types turnstore writes).
+fn everything_stored(app: &TestApp) -> String {
+    let pattern = format!("{}*", app.settings.key_prefix);
+    let mut out = String::new();
+    for keys in app.on_every_redis(&["--scan", "--pattern", &pattern]) {
+        for key in keys.lines().filter(|k| !k.is_empty()) {
+            out.push_str(&format!("{key}:\n"));
+            for cmd in [
+                &["HGETALL", key][..],
+                &["ZRANGE", key, "0", "-1", "WITHSCORES"],
+                &["GET", key],
+            ] {
+                for reply in app.on_every_redis(cmd) {
+                    if !reply.contains("WRONGTYPE") && !reply.contains("MOVED") {
+                        out.push_str(&reply);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+async fn an_erased_user_leaves_no_trace(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let u = user();
+    let sessions: Vec<String> = (0..40).map(|_| sid()).collect();
+    for s in &sessions {
+        app.complete_as(s, &u, "q", "a").await;
+    }
+    if backend != Backend::Memory {
+        assert!(
+            everything_stored(&app).contains(&u),
+            "the probe sees the user id"
+        );
+    }
+
+    // Questions race the erasure (without a user id: those that come after
+    // it make sessions of nobody's). Each moves its entry up, a second
+    // after the last move, so entries move while the erasure removes them.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut racing = Vec::new();
+    for s in sessions.clone() {
+        let (http, base) = (app.http.clone(), app.base.clone());
+        racing.push(tokio::spawn(async move {
+            http.post(format!("{base}/v1/turns"))
+                .json(&json!({"session_id": s, "user_query": "q"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    app.erase_user_fully(&u).await;
+    for r in racing {
+        assert_eq!(r.await.unwrap(), StatusCode::CREATED);
+    }
+
+    assert!(app.all_user_sessions(&u, 100).await.is_empty());
+    if backend != Backend::Memory {
+        let stored = everything_stored(&app);
+        assert!(
+            !stored.contains(&u),
+            "the user id is still stored:\n{stored}"
+        );
+    }
 }

@@ -79,12 +79,16 @@ impl RedisStore {
             let status = r.string()?;
             match status.as_str() {
                 "ok" | "replay" => {
-                    return Ok(Imported {
+                    let imported = Imported {
                         user_id: r.owner()?,
                         first_seq: r.uint()?,
                         last_seq: r.uint()?,
                         replayed: status == "replay",
-                    });
+                    };
+                    if let (1, Some(owner)) = (r.int()?, &imported.user_id) {
+                        self.move_to_top(owner, session, req.now).await;
+                    }
+                    return Ok(imported);
                 }
                 "owner_mismatch" => return Err(StoreError::OwnerMismatch),
                 "idem_reused" => return Err(StoreError::IdempotencyKeyReused),

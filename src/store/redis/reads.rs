@@ -159,11 +159,12 @@ impl Page {
 }
 
 /// `lua/history.lua` on an existing session: `{owner or '', live pending
-/// turns, page}`.
+/// turns, page, generation}`.
 struct HistoryReply {
     owner: Option<String>,
     pending_turns: u64,
     page: Page,
+    generation: String,
 }
 
 impl HistoryReply {
@@ -173,6 +174,7 @@ impl HistoryReply {
             owner: r.owner()?,
             pending_turns: r.uint()?,
             page: Page::parse(r.next()?, english)?,
+            generation: record::generation(&r.bytes()?),
         })
     }
 }
@@ -196,6 +198,13 @@ fn candidates(mut r: Reply, english: bool) -> Result<Vec<Candidate>, StoreError>
     Ok(out)
 }
 
+/// Who a read found the session to be: its owner and generation.
+#[derive(Clone, Copy)]
+pub(super) struct Found<'a> {
+    pub owner: Option<&'a str>,
+    pub generation: &'a str,
+}
+
 /// A read's selection, and what the store tells around it.
 pub(super) struct Selected {
     pub selection: Selection,
@@ -210,10 +219,12 @@ impl RedisStore {
     /// or the candidates run out (after the summary, if the first page
     /// brings one); then describes what the read leaves unsummarized.
     /// `before_seq`: a start's own seq (`u64::MAX` for a history read).
+    /// `found`: the session as the first page found it; a page of another
+    /// generation (the session replaced meanwhile) ends the read.
     pub(super) async fn select_pages(
         &self,
         session: &SessionId,
-        owner: Option<&str>,
+        found: Found<'_>,
         read: &Options,
         mut page: Page,
         now: Millis,
@@ -227,9 +238,12 @@ impl RedisStore {
         let after = read
             .after_seq
             .max(summary.as_ref().map_or(0, |s| s.through_seq));
-        let mut sel = counting::begin(read, session.as_str(), owner, summary.as_ref()).await?;
+        let mut sel =
+            counting::begin(read, session.as_str(), found.owner, summary.as_ref()).await?;
         if !sel.is_stopped() {
-            sel = self.offer_pages(session, sel, page, after, now).await?;
+            sel = self
+                .offer_pages(session, found.generation, sel, page, after, now)
+                .await?;
         }
         let picked = sel.finish()?;
         let selection = picked.selection;
@@ -252,6 +266,7 @@ impl RedisStore {
     async fn offer_pages(
         &self,
         session: &SessionId,
+        generation: &str,
         mut sel: Picker,
         mut page: Page,
         mut after: u64,
@@ -282,7 +297,12 @@ impl RedisStore {
                         // The session went away between the pages.
                         return Ok(sel);
                     }
-                    page = HistoryReply::parse(v, english)?.page;
+                    let next = HistoryReply::parse(v, english)?;
+                    if next.generation != generation {
+                        // It went away and was started again.
+                        return Ok(sel);
+                    }
+                    page = next.page;
                 }
             }
         }
@@ -319,7 +339,10 @@ impl RedisStore {
         let s = self
             .select_pages(
                 session,
-                reply.owner.as_deref(),
+                Found {
+                    owner: reply.owner.as_deref(),
+                    generation: &reply.generation,
+                },
                 read,
                 reply.page,
                 now,
@@ -334,6 +357,7 @@ impl RedisStore {
             summary: s.summary,
             rendered: s.rendered,
             unsummarized: s.unsummarized,
+            generation: Some(reply.generation),
         })
     }
 
@@ -379,7 +403,8 @@ impl RedisStore {
 }
 
 /// `lua/session_info.lua` on an existing session: `{owner or '',
-/// created_at, last_active_at, turn_count, pending_count, pttl}`.
+/// created_at, last_active_at, turn_count, pending_count, pttl,
+/// generation}`.
 fn session_info(v: Value, now: Millis) -> Result<SessionInfo, StoreError> {
     let mut r = Reply::array(v)?;
     Ok(SessionInfo {
@@ -389,5 +414,6 @@ fn session_info(v: Value, now: Millis) -> Result<SessionInfo, StoreError> {
         turn_count: r.uint()?,
         pending_count: r.uint()?,
         expires_at: now + r.int()?.max(0),
+        generation: record::generation(&r.bytes()?),
     })
 }

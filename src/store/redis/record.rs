@@ -22,6 +22,25 @@ pub fn id_bytes(id: &TurnId) -> Vec<u8> {
     id.as_uuid().as_bytes().to_vec()
 }
 
+/// A session's generation as the scripts return it (`generation` in
+/// `lua/common.lua`): the 16 bytes of the turn id that created it, shown
+/// as that UUID; else (a session older than generations) as it is.
+pub fn generation(bytes: &[u8]) -> String {
+    match <[u8; ID_LEN]>::try_from(bytes) {
+        Ok(id) => TurnId::from_bytes(id).to_string(),
+        Err(_) => String::from_utf8_lossy(bytes).into_owned(),
+    }
+}
+
+/// A generation a writer names, as the scripts compare it (the inverse of
+/// `generation`; what names no generation stays as it is, and matches none).
+pub fn generation_bytes(generation: &str) -> Vec<u8> {
+    match TurnId::parse(generation) {
+        Ok(id) => id_bytes(&id),
+        Err(_) => generation.as_bytes().to_vec(),
+    }
+}
+
 pub fn turn_id(bytes: &[u8]) -> Result<TurnId, StoreError> {
     let id: [u8; ID_LEN] = bytes
         .try_into()

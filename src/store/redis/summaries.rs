@@ -6,6 +6,7 @@ use redis::Value;
 
 use super::RedisStore;
 use super::reads::pack;
+use super::record;
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::SessionId;
@@ -138,6 +139,9 @@ impl RedisStore {
                 w.text,
                 counts.as_str(),
                 index_user,
+                w.expected_generation
+                    .map(record::generation_bytes)
+                    .unwrap_or_default(),
             ];
             let v: Value = self
                 .run_session(&self.scripts.summary_put, session.as_str(), a)
@@ -153,6 +157,7 @@ impl RedisStore {
                     });
                 }
                 "owner_mismatch" => return Err(StoreError::OwnerMismatch),
+                "replaced" => return Err(StoreError::SessionReplaced),
                 "conflict" => return Err(StoreError::SummaryConflict { stored: r.uint()? }),
                 "beyond" => return Err(StoreError::SummaryBeyond { newest: r.uint()? }),
                 "pending" => return Err(StoreError::SummaryOverPending { pending: r.uint()? }),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use redis::Value;
 
 use super::RedisStore;
-use super::reads::{Page, first_budget, pack, walk_args};
+use super::reads::{Found, Page, first_budget, pack, walk_args};
 use super::record::{self, id_bytes};
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
@@ -32,7 +32,7 @@ enum StartReply {
         min: Millis,
     },
     /// `{'ok'|'replay', owner, turn id, seq, started_at, page or false,
-    /// pending before, purged}`
+    /// pending before, purged, generation, move up}`
     Started {
         replayed: bool,
         owner: Option<String>,
@@ -42,6 +42,9 @@ enum StartReply {
         page: Option<Box<Page>>,
         pending_before: u64,
         purged: u64,
+        generation: String,
+        /// Move the owner's index entry to the top (see `move_to_top`).
+        move_up: bool,
     },
 }
 
@@ -71,6 +74,8 @@ impl StartReply {
                 },
                 pending_before: r.uint()?,
                 purged: r.uint()?,
+                generation: record::generation(&r.bytes()?),
+                move_up: r.int()? == 1,
             },
             other => return Err(corrupt(format!("start_turn status {other:?}"))),
         })
@@ -185,35 +190,54 @@ impl RedisStore {
                     page,
                     pending_before,
                     purged,
+                    generation,
+                    move_up,
                 } => {
                     self.expired_pending.inc_by(purged);
-                    let history = match (reading, page) {
-                        (Some(read), Some(page)) => {
-                            let selected = self
-                                .select_pages(session, owner.as_deref(), read, *page, req.now, seq)
-                                .await;
-                            let s = match selected {
-                                Ok(s) => s,
-                                Err(e) => {
-                                    // A template failed on the history: the
-                                    // start leaves nothing.
-                                    if !replayed && matches!(e, StoreError::Template(_)) {
-                                        let _ = self.delete(session, turn_id).await;
-                                    }
-                                    return Err(e);
-                                }
-                            };
-                            Some(StoredHistory {
-                                user_id: owner.clone(),
-                                total_turns: s.total,
-                                pending_turns: pending_before,
-                                selection: s.selection,
-                                summary: s.summary,
-                                rendered: s.rendered,
-                                unsummarized: s.unsummarized,
-                            })
+                    let moving = async {
+                        if let (true, Some(owner)) = (move_up, &owner) {
+                            self.move_to_top(owner, session, req.now).await;
                         }
-                        _ => None,
+                    };
+                    let selecting = async {
+                        let (Some(read), Some(page)) = (reading, page) else {
+                            return Ok(None);
+                        };
+                        let s = self
+                            .select_pages(
+                                session,
+                                Found {
+                                    owner: owner.as_deref(),
+                                    generation: &generation,
+                                },
+                                read,
+                                *page,
+                                req.now,
+                                seq,
+                            )
+                            .await?;
+                        Ok(Some(StoredHistory {
+                            user_id: owner.clone(),
+                            total_turns: s.total,
+                            pending_turns: pending_before,
+                            selection: s.selection,
+                            summary: s.summary,
+                            rendered: s.rendered,
+                            unsummarized: s.unsummarized,
+                            generation: Some(generation.clone()),
+                        }))
+                    };
+                    let ((), history) = tokio::join!(moving, selecting);
+                    let history = match history {
+                        Ok(h) => h,
+                        Err(e) => {
+                            // A template failed on the history: the start
+                            // leaves nothing.
+                            if !replayed && matches!(e, StoreError::Template(_)) {
+                                let _ = self.delete(session, turn_id).await;
+                            }
+                            return Err(e);
+                        }
                     };
                     return Ok(Started {
                         user_id: owner,

@@ -34,6 +34,9 @@ use crate::turn::Millis;
 /// an entry and removing it.
 const FENCE_TTL: Duration = Duration::from_secs(120);
 
+/// Rounds an erasure spends on entries moved while it ran.
+const MOVED_ROUNDS: usize = 3;
+
 /// `lua/probe.lua`'s reply.
 enum Probe {
     /// `{1, last_active_at, turn_count}`: the user owns the session.
@@ -106,17 +109,71 @@ impl RedisStore {
         .await
     }
 
+    /// Moves the user's entry for the session to the top of their index,
+    /// if it has one (`activity` in `lua/common.lua`): best effort, as it
+    /// orders listings only; a failure is logged, and the next start
+    /// moves it.
+    pub(super) async fn move_to_top(&self, user: &str, session: &SessionId, now: Millis) {
+        let moved: Result<Millis, _> = self
+            .run_index(
+                &self.scripts.index_add,
+                user,
+                args![
+                    session.as_str(),
+                    now,
+                    now.saturating_add(ms(self.limits.index_horizon())),
+                    0,
+                    ms(INDEX_SKEW),
+                    "xx"
+                ],
+            )
+            .await;
+        if let Err(e) = moved {
+            tracing::debug!(error = %e, "a session's index entry did not move up");
+        }
+    }
+
     /// Removes each entry that still has the time it was seen with (and
-    /// that is fenced).
-    async fn unindex(&self, user: &str, seen: &[(String, Millis)]) -> Result<(), StoreError> {
+    /// that is fenced); returns those whose time changed meanwhile (a new
+    /// claim, or an entry moved to the top), with their time now.
+    async fn unindex(
+        &self,
+        user: &str,
+        seen: &[(String, Millis)],
+    ) -> Result<Vec<(String, Millis)>, StoreError> {
         if seen.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut a = Vec::with_capacity(seen.len() * 2);
         for (session, time) in seen {
             a.extend(args![session.as_str(), *time]);
         }
-        let _removed: i64 = self.run_index(&self.scripts.index_remove, user, a).await?;
+        entries(self.run_index(&self.scripts.index_remove, user, a).await?)
+    }
+
+    /// After an erasure's round: entries that moved while it ran (a start
+    /// of a session the round deleted moved it up) are probed again and
+    /// removed when stale, so that an erased user's index keeps no
+    /// session of theirs. A session claimed again meanwhile keeps its
+    /// entry. A few rounds at most: each needs another start racing.
+    async fn unindex_moved(
+        &self,
+        user: &str,
+        mut moved: Vec<(String, Millis)>,
+    ) -> Result<(), StoreError> {
+        for _ in 0..MOVED_ROUNDS {
+            if moved.is_empty() {
+                break;
+            }
+            let probes = self.probe(user, &moved).await?;
+            let stale: Vec<(String, Millis)> = moved
+                .into_iter()
+                .zip(probes)
+                .filter(|(_, p)| matches!(p, Probe::Stale))
+                .map(|(e, _)| e)
+                .collect();
+            moved = self.unindex(user, &stale).await?;
+        }
         Ok(())
     }
 
@@ -186,7 +243,7 @@ impl RedisStore {
         match self.probe(&owner, &seen).await?.pop() {
             // Claimed again since: its entry stays.
             Some(Probe::Live { .. }) => Ok(()),
-            _ => self.unindex(&owner, &seen).await,
+            _ => self.unindex(&owner, &seen).await.map(drop),
         }
     }
 
@@ -259,7 +316,8 @@ impl RedisStore {
             for e in erased {
                 deleted_sessions += Reply::uint_of(e)?;
             }
-            self.unindex(user, &page).await?;
+            let moved = self.unindex(user, &page).await?;
+            self.unindex_moved(user, moved).await?;
             match page.last() {
                 Some((_, t)) if page.len() == ERASE_BATCH => bound = Some(*t),
                 _ => {

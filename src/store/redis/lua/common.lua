@@ -7,7 +7,9 @@
 --        used), ts and cs (sums of the finalized turns' costs, and of
 --        those a summary covers: SUMS below), st (the seq a summary covers
 --        up to; absent: none), sm (the summary), sh (its SUMMARY header),
---        and one field per
+--        g (the session's generation: the id of the turn that created
+--        it, see generation), ia (when the owner's index entry last moved
+--        to the top, see activity), and one field per
 --        idempotency key: 'k:' .. key -> turn id .. seq .. ' ' .. request hash
 --   2 r  records hash: turn id -> pending record, or a finalized record's
 --        head; turn id .. 't' -> its tail, if it has one (see HEAD);
@@ -18,8 +20,9 @@
 --        their seq (below LIVE), members turn id .. costs (COSTS below);
 --        pending turns scored by the ms they expire (above LIVE: every
 --        deadline is past 2001), members their turn id alone
---   4 f  fences zset: user scored by an index time (see fence; not a
---        session key)
+--   4 f  fences zset: one member, '-', scored by an index time (see fence;
+--        not a session key; a fence written before 2026-11-26 names a user
+--        instead, and lives 2 minutes at most)
 --   5 l  the summarizer's lock: its holder's token, with a TTL (not a
 --        session key)
 -- Turn ids are the 16 bytes of the UUID. Records are one header line, then
@@ -247,6 +250,13 @@ local function sum_inner(lo, hi, english)
   return sum
 end
 
+-- The session's generation, as a summary write names it: the id of the
+-- turn that created the session (meta 'g'), unique to this incarnation of
+-- its id; for a session created before 'g' was kept, 'c' .. created_at.
+local function generation(g, created)
+  return g or ('c' .. (created or ''))
+end
+
 local function touch(ttl)
   for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
@@ -308,10 +318,33 @@ local function cover(from, to)
   redis.call('HSET', KEYS[1], 'cs', struct.pack(SUMS, cl, cs, cse))
 end
 
--- Marks that the index entry (user, time) may be removed: a claim of this
--- session by that user must then bring an entry written later
--- (start_turn.lua). `key`: the session's fences.
-local function fence(key, user, time, ttl)
-  redis.call('ZADD', key, 'GT', time, user)
+-- Marks that an index entry of this session with this time may be
+-- removed: a claim of the session must then bring an index entry written
+-- later (start_turn.lua). One time for every user (the latest): a fence
+-- names no user, so an erased user leaves no id behind. `key`: the
+-- session's fences.
+local function fence(key, time, ttl)
+  redis.call('ZADD', key, 'GT', time, '-')
   redis.call('PEXPIRE', key, ttl)
+end
+
+-- The latest time the session was fenced at (0: never, or long ago).
+local function fenced(key)
+  return tonumber(redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')[2] or '0')
+end
+
+-- Listings show a user's most recently active sessions first: each start
+-- or import moves the owner's index entry to the top of their index (the
+-- caller does, with index_add.lua's 'xx': another slot), at most once a
+-- second. `written`: an entry was written for this very call (it is on
+-- top already); `moved_at`: meta 'ia'. Returns 1 when the caller must move
+-- it, else 0; records the time with `set` (field, value). Twin of
+-- `moves_to_top` in store/mod.rs.
+local ACTIVE_EVERY = 1000
+local function activity(owner, written, moved_at, now, set)
+  if not owner then return 0 end
+  if not written and now - tonumber(moved_at or '0') < ACTIVE_EVERY then return 0 end
+  set('ia', now)
+  if written then return 0 end
+  return 1
 end

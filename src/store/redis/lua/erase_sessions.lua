@@ -12,6 +12,6 @@ for i = 1, #KEYS / 5 do
     redis.call('UNLINK', h, KEYS[5 * i - 3], KEYS[5 * i - 2])
     out[i] = 1
   end
-  fence(KEYS[5 * i - 1], ARGV[1], ARGV[2 + i], ARGV[2])
+  fence(KEYS[5 * i - 1], ARGV[2 + i], ARGV[2])
 end
 return out

@@ -5,29 +5,31 @@
 -- request hash, 5 user the caller wrote an index entry for, or ''; then
 -- three arguments a turn: its member without the seq (turn id .. COSTS),
 -- its question, its answer.
--- Returns {'ok'|'replay', owner, first seq, last seq} | {'owner_mismatch'}
+-- Returns {'ok'|'replay', owner, first seq, last seq, 1 when the caller
+--   must move the owner's index entry to the top (see activity)} |
+--   {'owner_mismatch'}
 --   | {'idem_reused'} | {'need_index', user, min time}
 -- An import's key names the seqs it made ('import:<first> <last> <hash>')
 -- and lives as long as the session.
 local now, ttl, max_turns, needed, written = struct.unpack('>ddddd', ARGV[1])
 local user, key, hash, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n')
+local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n', 'ia')
 local owner = meta[1]
 if owner == '' then owner = false end
 if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
 if key ~= '' and meta[5] then
   local first, last, stored = string.match(meta[5], '^import:(%d+) (%d+) (%S+)$')
   if stored ~= hash then return {'idem_reused'} end
-  return {'replay', owner or '', tonumber(first), tonumber(last)}
+  return {'replay', owner or '', tonumber(first), tonumber(last), 0}
 end
 
 local claim = (not owner) and user ~= ''
 local indexed = owner or (claim and user)
 if indexed then
   if indexed_for == indexed then
-    local fenced = tonumber(redis.call('ZSCORE', KEYS[4], indexed) or '0')
-    if fenced >= written then return {'need_index', indexed, fenced} end
+    local since = fenced(KEYS[4])
+    if since >= written then return {'need_index', indexed, since} end
   elseif claim or tonumber(meta[2] or '0') < now + needed then
     return {'need_index', indexed, 0}
   end
@@ -67,12 +69,17 @@ local function set(f, v)
   fields[#fields + 1] = f
   fields[#fields + 1] = v
 end
-if first == 1 then set('created_at', now) end
+if first == 1 then
+  set('created_at', now)
+  set('g', string.sub(ARGV[6], 1, ID))
+end
 if claim then
   owner = user
   set('user_id', user)
 end
-if indexed and indexed_for == indexed then set('ix', written) end
+local fresh = indexed and indexed_for == indexed
+if fresh then set('ix', written) end
+local move = activity(owner, fresh, meta[7], now, set)
 if key ~= '' then
   set('k:' .. key, 'import:' .. first .. ' ' .. seq .. ' ' .. hash)
   if not meta[3] then set('keyed', '1') end
@@ -98,4 +105,4 @@ if excess > 0 then
   redis.call('HSET', KEYS[1], 'n', count)
 end
 touch(ttl)
-return {'ok', owner or '', first, seq}
+return {'ok', owner or '', first, seq, move}

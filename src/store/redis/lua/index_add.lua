@@ -2,14 +2,20 @@
 -- time (ms) its entry reaches until: past the latest its session can
 -- expire, so an entry whose time is past is a dead session's.
 -- ARGV: 1 session, 2 now, 3 reach (the time the entry must reach: now +
---       the index horizon), 4 min time (0: none), 5 skew ms
+--       the index horizon), 4 min time (0: none), 5 skew ms, 6 'xx' to
+--       move an entry only if there is one (see activity in common.lua:
+--       an entry removed meanwhile stays removed), or ''
 -- Writes the entry at reach, but past every other entry (times are unique
 -- per user: listings page by time) and past min (a fence).
 -- Drops a few entries long past, and keeps the key as long as its newest
--- entry. Returns the entry's time.
+-- entry. Returns the entry's time (0: 'xx' and none).
+local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if ARGV[6] == 'xx' then
+  if top[1] == ARGV[1] then return tonumber(top[2]) end
+  if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+end
 local now = tonumber(ARGV[2])
 local t = tonumber(ARGV[3])
-local top = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if top[2] and tonumber(top[2]) + 1 > t then t = tonumber(top[2]) + 1 end
 if tonumber(ARGV[4]) + 1 > t then t = tonumber(ARGV[4]) + 1 end
 redis.call('ZADD', KEYS[1], t, ARGV[1])

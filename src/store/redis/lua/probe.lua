@@ -9,7 +9,7 @@ for i = 1, #KEYS / 5 do
   if m[1] == ARGV[1] then
     out[i] = {1, m[2] or m[3], m[4] or 0}
   else
-    fence(KEYS[5 * i - 1], ARGV[1], ARGV[2 + i], ARGV[2])
+    fence(KEYS[5 * i - 1], ARGV[2 + i], ARGV[2])
     out[i] = {0}
   end
 end

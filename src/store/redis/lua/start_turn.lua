@@ -13,14 +13,17 @@
 --   {'need_index', user, min time}: nothing written; write the user's index
 --      entry (past min) and call again with it
 --   {'ok'|'replay', owner, turn id, seq, started_at, history page or false,
---    pending turns before it, pending turns purged}
+--    pending turns before it, pending turns purged, the session's
+--    generation, 1 when the caller must move the owner's index entry to
+--    the top (see activity)}
 local now, session_ttl, pending_ttl, cap, needed, written, reading =
   struct.unpack('>ddddddB', ARGV[1])
 local user, tid_new, tail, key, hash, indexed_for, english =
   ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 reading = reading == 1
 
-local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n')
+local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n',
+  'g', 'created_at', 'ia')
 local owner = meta[1]
 if owner == '' then owner = false end
 if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
@@ -44,7 +47,7 @@ if key ~= '' and meta[5] then
     end
     local started = string.match(rec, '^%??%d+ (%d+)')
     local page = reading and walk(9, seq, nil, now) or false
-    return {'replay', owner or '', tid, seq, started, page, before, 0}
+    return {'replay', owner or '', tid, seq, started, page, before, 0, generation(meta[7], meta[8]), 0}
   end
 end
 
@@ -75,8 +78,8 @@ local claim = (not owner) and user ~= ''
 local indexed = owner or (claim and user)
 if indexed then
   if indexed_for == indexed then
-    local fenced = tonumber(redis.call('ZSCORE', KEYS[4], indexed) or '0')
-    if fenced >= written then return {'need_index', indexed, fenced} end
+    local since = fenced(KEYS[4])
+    if since >= written then return {'need_index', indexed, since} end
   elseif claim or tonumber(meta[2] or '0') < now + needed then
     return {'need_index', indexed, 0}
   end
@@ -92,12 +95,19 @@ local function set(f, v)
   fields[#fields + 1] = f
   fields[#fields + 1] = v
 end
-if seq == 1 then set('created_at', now) end
+local gen = generation(meta[7], meta[8])
+if seq == 1 then
+  set('created_at', now)
+  set('g', tid_new)
+  gen = tid_new
+end
 if claim then
   owner = user
   set('user_id', user)
 end
-if indexed and indexed_for == indexed then set('ix', written) end
+local fresh = indexed and indexed_for == indexed
+if fresh then set('ix', written) end
+local move = activity(owner, fresh, meta[9], now, set)
 if key ~= '' then
   set('k:' .. key, tid_new .. seq .. ' ' .. hash)
   if not meta[3] then set('keyed', '1') end
@@ -113,4 +123,4 @@ end
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
 local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now) or false
 touch(session_ttl)
-return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired}
+return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired, gen, move}
