@@ -13,6 +13,7 @@ import type {
   ImportBody,
   ImportMessage,
   ImportResponse,
+  JsonMediaType,
   ListUserSessionsOptions,
   PutSummaryBody,
   Session,
@@ -146,7 +147,7 @@ const DEFAULTS = {
  * throws the signal's reason.
  */
 export class TurnstoreClient {
-  readonly #api: Client<paths>;
+  readonly #api: Client<paths, JsonMediaType>;
   readonly #policy: RetryPolicy;
 
   constructor(options: TurnstoreClientOptions) {
@@ -161,7 +162,7 @@ export class TurnstoreClient {
       baseDelayMs: positive("retryBaseDelayMs", options.retryBaseDelayMs ?? DEFAULTS.retryBaseDelayMs),
       maxDelayMs: positive("retryMaxDelayMs", options.retryMaxDelayMs ?? DEFAULTS.retryMaxDelayMs),
     };
-    this.#api = createClient<paths>({
+    this.#api = createClient<paths, JsonMediaType>({
       baseUrl: options.baseUrl,
       ...(options.fetch && { fetch: options.fetch }),
       ...(options.apiKey !== undefined && { headers: { Authorization: `Bearer ${options.apiKey}` } }),
