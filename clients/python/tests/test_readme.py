@@ -21,7 +21,8 @@ READMES = {
     "client": HERE / "README.md",
     "project": HERE.parent.parent / "README.md",
 }
-RUNNABLE = 'os.environ.get("TURNSTORE_URL", "http://127.0.0.1:8080")'
+# A block runs when it makes its client from the environment (TURNSTORE_URL).
+RUNNABLE = "client = Client()"
 
 
 def first_python_block(readme: Path) -> str:
@@ -46,7 +47,10 @@ def runnable_blocks(readme: Path) -> Dict[str, List[str]]:
 def run(code: str, server: Server) -> str:
     result = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "TURNSTORE_URL": server.url},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "TURNSTORE_API_KEY"},
+            "TURNSTORE_URL": server.url,
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -195,7 +199,10 @@ def test_the_history_strategies_run_as_the_readme_shows(
             assert any(s.startswith(line) for s in shown) or line == "", (heading, line)
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", block],
-            env={**os.environ, "TURNSTORE_URL": server.url},
+            env={
+            **{k: v for k, v in os.environ.items() if k != "TURNSTORE_API_KEY"},
+            "TURNSTORE_URL": server.url,
+        },
             capture_output=True,
             text=True,
             timeout=60,
@@ -206,3 +213,4 @@ def test_the_history_strategies_run_as_the_readme_shows(
             assert len(printed) == 1 and printed[0].startswith(expected[0]), printed
         else:
             assert printed == expected, (heading, result.stdout)
+

@@ -24,7 +24,7 @@ from .client import Client
 from .errors import (
     ConflictError,
     ConnectionFailedError,
-    ExportInterruptedError,
+    ExportIncompleteError,
     FieldError,
     ForbiddenError,
     NotFoundError,
@@ -67,7 +67,7 @@ __all__ = [
     "ConflictError",
     "ConnectionFailedError",
     "Erasure",
-    "ExportInterruptedError",
+    "ExportIncompleteError",
     "ExportStream",
     "ExportedSession",
     "FieldError",
