@@ -34,10 +34,11 @@ pub mod turn;
 pub use app::Application;
 pub use config::Settings;
 
-/// The OpenAPI document under the default settings, as pretty JSON (what
-/// `turnstore openapi` prints and `openapi/openapi.json` holds; a server
-/// serves it with its own bounds and defaults).
+/// The OpenAPI document under the default settings (no API keys), as pretty
+/// JSON (what `turnstore openapi` prints and `openapi/openapi.json` holds; a
+/// server serves it with its own bounds and defaults, and requires the
+/// bearer key in it when it has keys).
 pub fn openapi_json() -> String {
-    serde_json::to_string_pretty(&http::openapi(&Settings::default()))
+    serde_json::to_string_pretty(&http::openapi(&Settings::default(), false))
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }

@@ -31,8 +31,8 @@ pub const MAX_CHARS: u32 = i32::MAX as u32;
 /// most clients hold them.
 pub const MAX_SEQ: u64 = i64::MAX as u64;
 
-/// How to select and render the history. Every field has a server default
-/// (the `default` of each, as this server is configured).
+/// How to select and render the history. Every field has a server default,
+/// stated in its description (as this server is configured).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]

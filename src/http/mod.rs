@@ -111,9 +111,10 @@ fn routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
     (v1, ops, doc)
 }
 
-/// The OpenAPI 3.1 document for these settings, as served at `/openapi.json`.
-pub fn openapi(settings: &Settings) -> serde_json::Value {
-    let (doc, missed) = spec::document(routes().2, settings);
+/// The OpenAPI 3.1 document for these settings, as served at `/openapi.json`
+/// (`keyed`: the server has API keys, which its operations then require).
+pub fn openapi(settings: &Settings, keyed: bool) -> serde_json::Value {
+    let (doc, missed) = spec::document(routes().2, settings, keyed);
     if !missed.is_empty() {
         tracing::error!(
             ?missed,
@@ -138,10 +139,10 @@ pub fn router(state: AppState) -> Router {
         .merge(ops)
         // Prometheus' text, for scrapers: not in the OpenAPI document.
         .route("/metrics", axum::routing::get(ops::metrics))
-        .merge(
-            SwaggerUi::new("/docs")
-                .external_url_unchecked("/openapi.json", openapi(&state.settings)),
-        )
+        .merge(SwaggerUi::new("/docs").external_url_unchecked(
+            "/openapi.json",
+            openapi(&state.settings, !state.api_key_digests.is_empty()),
+        ))
         .fallback(|| async { ApiError::from(ProblemCode::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::from(ProblemCode::MethodNotAllowed) })
         .layer(DefaultBodyLimit::max(body_limit))

@@ -178,22 +178,86 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
     ("erase_user", &[]),
 ];
 
-/// The document as this server serves it, for `settings`. The second value
-/// lists the places a bound was meant for and not found (empty unless the
-/// derived document changed shape; a test keeps it empty).
-pub fn document(derived: utoipa::openapi::OpenApi, settings: &Settings) -> (Value, Vec<String>) {
+/// The document as this server serves it, for `settings`; `keyed`: the
+/// server has API keys. The second value lists the places a bound was meant
+/// for and not found (empty unless the derived document changed shape; a
+/// test keeps it empty).
+///
+/// The document is written for code generators run with their defaults
+/// (openapi-python-client, openapi-typescript; `scripts/check-openapi` and
+/// the TypeScript client's `check-generated` run them and fail on any
+/// warning): see `security`, `export_for_generators` and `bounds`.
+pub fn document(
+    derived: utoipa::openapi::OpenApi,
+    settings: &Settings,
+    keyed: bool,
+) -> (Value, Vec<String>) {
     let mut doc = serde_json::to_value(derived).unwrap_or_else(|_| json!({}));
     let mut missed = Vec::new();
     problem_responses(&mut doc, &mut missed);
+    security(&mut doc, keyed);
     links(&mut doc, &mut missed);
+    export_for_generators(&mut doc, &mut missed);
     bounds(&mut doc, settings, &mut missed);
     (doc, missed)
 }
 
+/// What the `/v1` operations require: the bearer key when this server has
+/// keys (`[{"bearer": []}]`), nothing otherwise (no `security`), as the
+/// server enforces it. Not `[{}, {"bearer": []}]` ("optional") for both:
+/// generators read any `security` as required (openapi-python-client then
+/// demands an `AuthenticatedClient` for every call), so a keyless server
+/// would need a key to be called. The `bearer` scheme stays described in
+/// `components` either way. The checked-in `openapi/openapi.json` is the
+/// default settings' document: no keys.
+fn security(doc: &mut Value, keyed: bool) {
+    for (id, _) in OPERATIONS {
+        let Some(op) = operation(doc, id).and_then(Value::as_object_mut) else {
+            continue; // problem_responses reported it
+        };
+        if keyed {
+            op.insert("security".into(), json!([{"bearer": []}]));
+        } else {
+            op.remove("security");
+        }
+    }
+}
+
+/// The export streams `application/x-ndjson`, a media type
+/// openapi-python-client does not know: with that key alone it leaves the
+/// export's response out of the client it generates (with a warning). The
+/// 200 also lists `application/octet-stream`, a binary string of that same
+/// NDJSON, which it reads as bytes; the description says the server sends
+/// `application/x-ndjson` whatever the `Accept`.
+fn export_for_generators(doc: &mut Value, missed: &mut Vec<String>) {
+    let Some(ok) = operation(doc, "export").map(|op| &mut op["responses"]["200"]) else {
+        missed.push("operation export".into());
+        return;
+    };
+    let Some(content) = ok["content"].as_object_mut() else {
+        missed.push("export 200 content".into());
+        return;
+    };
+    content.insert(
+        "application/octet-stream".into(),
+        json!({"schema": {
+            "type": "string",
+            "format": "binary",
+            "contentMediaType": "application/x-ndjson",
+            "description": "The same body, as bytes: one `ExportedSession` a line.",
+        }}),
+    );
+    let said = ok["description"].as_str().unwrap_or_default();
+    ok["description"] = json!(format!(
+        "{said}. Sent as `application/x-ndjson` whatever the request's `Accept`; \
+         `application/octet-stream` describes the same bytes for generators that \
+         know no NDJSON (openapi-python-client reads them as a file)."
+    ));
+}
+
 /// Each operation's error responses, grouped by status, as references to
 /// shared responses under `components/responses`, with an example of each
-/// code. `/v1` operations also take the bearer key (optional: required
-/// only when keys are configured).
+/// code.
 fn problem_responses(doc: &mut Value, missed: &mut Vec<String>) {
     let mut shared = BTreeMap::new();
     for (id, own) in OPERATIONS {
@@ -221,7 +285,6 @@ fn problem_responses(doc: &mut Value, missed: &mut Vec<String>) {
                 .entry(name)
                 .or_insert_with(|| shared_response(&codes));
         }
-        op["security"] = json!([{}, {"bearer": []}]);
     }
     doc["components"]["responses"] = json!(shared);
 }
@@ -451,13 +514,25 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
         );
     }
     for (name, values, default) in history {
+        // The schema (a start's `history`) states even a fixed default in
+        // words: openapi-typescript, by default, makes a property with a
+        // `default` required, as a response would always carry it, and a
+        // start would have to spell out every option. Parameters keep it.
+        let mut on_schema = values.clone();
+        let fixed = on_schema
+            .as_object_mut()
+            .and_then(|v| v.remove("default"))
+            .map(|v| match v {
+                Value::String(s) => format!(" Default: `{s}`."),
+                v => format!(" Default: `{v}`."),
+            });
         if let Some(p) = property(doc, "HistoryParams", name) {
-            append_description(p, &default);
+            append_description(p, fixed.as_deref().unwrap_or(&default));
         }
         apply(
             format!("HistoryParams.{name}"),
             property(doc, "HistoryParams", name),
-            values.clone(),
+            on_schema,
         );
         if let Some(p) = parameter_object(doc, "get_history", name) {
             append_description(p, &default);
@@ -478,6 +553,14 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_place_the_document_is_given_exists() {
+        for keyed in [false, true] {
+            let (_, missed) = document(crate::http::routes().2, &Settings::default(), keyed);
+            assert!(missed.is_empty(), "{missed:?}");
+        }
+    }
 
     #[test]
     fn names_join_codes() {

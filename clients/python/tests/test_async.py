@@ -14,7 +14,7 @@ from support import LOSE, REFUSE, AsyncScriptedTransport, Server, new_id
 from turnstore import (
     AsyncClient,
     ConflictError,
-    ExportInterruptedError,
+    ExportIncompleteError,
     HistoryOptions,
     NotFoundError,
     SummaryConflictError,
@@ -181,7 +181,7 @@ async def test_async_export_cuts_raise() -> None:
     whole = _session_line("s-1") + _session_line("s-2")
     async with _async_export_client([whole[:10], whole[10:], b'{"session_id": "s-3"']) as client:
         received = []
-        with pytest.raises(ExportInterruptedError) as info:
+        with pytest.raises(ExportIncompleteError) as info:
             async for session in client.export_user("u-1"):
                 received.append(session.session_id)
     assert received == ["s-1", "s-2"] and info.value.sessions == 2
@@ -190,6 +190,6 @@ async def test_async_export_cuts_raise() -> None:
         async with client.export_user("u-1") as export:
             assert (await export.__anext__()).session_id == "s-1"
             assert (await export.__anext__()).session_id == "s-2"
-            with pytest.raises(ExportInterruptedError) as info:
+            with pytest.raises(ExportIncompleteError) as info:
                 await export.__anext__()
     assert isinstance(info.value.__cause__, httpx.RemoteProtocolError)

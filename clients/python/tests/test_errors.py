@@ -127,7 +127,7 @@ def test_a_non_problem_error_body_still_maps_by_status() -> None:
     with Client("http://turnstore.test", transport=httpx.MockTransport(handler)) as client:
         with pytest.raises(ServerError) as info:
             client.get_session("s")
-    assert (info.value.status, info.value.code) == (500, "http_500")
+    assert (info.value.status, info.value.code) == (500, "unexpected_response")
     assert "proxy error" in info.value.detail
     assert not isinstance(info.value, UnavailableError)
 
@@ -139,7 +139,7 @@ def test_a_success_body_that_is_not_turnstore_is_an_error() -> None:
     with Client("http://turnstore.test", transport=httpx.MockTransport(handler)) as client:
         with pytest.raises(TurnstoreError) as info:
             client.get_session("s")
-    assert info.value.code == "invalid_response"
+    assert info.value.code == "unexpected_response"
 
 
 def test_errors_survive_pickling(client: Client) -> None:

@@ -16,7 +16,7 @@ from support import Server, finished_turn, new_id
 from turnstore import (
     Client,
     ExportedSession,
-    ExportInterruptedError,
+    ExportIncompleteError,
     ForbiddenError,
     Message,
     NotFoundError,
@@ -245,7 +245,7 @@ def test_an_export_cut_by_the_server_raises(slow_reader: Client) -> None:
         slow_reader.import_messages(new_id(), messages, user_id=user)
 
     received: List[ExportedSession] = []
-    with pytest.raises(ExportInterruptedError) as info:
+    with pytest.raises(ExportIncompleteError) as info:
         with slow_reader.export_user(user) as export:
             for session in export:
                 received.append(session)
@@ -254,7 +254,7 @@ def test_an_export_cut_by_the_server_raises(slow_reader: Client) -> None:
     error = info.value
     assert 1 <= len(received) < 24
     assert all(len(s.turns) == 48 and s.turns[-1].final_answer == answer for s in received)
-    assert (error.status, error.code, error.sessions) == (200, "export_interrupted", len(received))
+    assert (error.status, error.code, error.sessions) == (200, "export_incomplete", len(received))
     assert isinstance(error, TurnstoreError) and error.request_id
     assert isinstance(error.__cause__, httpx.TransportError)
 
@@ -325,7 +325,7 @@ def test_a_body_without_its_last_newline_is_a_cut_export() -> None:
     cut = _line("s-3")[:-20]
     with _client(Body(iter([complete + cut]))) as client:
         received: List[str] = []
-        with pytest.raises(ExportInterruptedError) as info:
+        with pytest.raises(ExportIncompleteError) as info:
             for session in client.export_user("u-1"):
                 received.append(session.session_id)
     assert received == ["s-1", "s-2"]
@@ -339,7 +339,7 @@ def test_a_connection_broken_mid_body_is_a_cut_export() -> None:
     with _client(body) as client:
         export = client.export_user("u-1")
         assert next(export).session_id == "s-1"
-        with pytest.raises(ExportInterruptedError) as info:
+        with pytest.raises(ExportIncompleteError) as info:
             next(export)
     assert isinstance(info.value.__cause__, httpx.ReadError)
     assert info.value.sessions == 1
@@ -375,12 +375,12 @@ def test_an_export_is_read_as_it_arrives() -> None:
     assert body.closed
 
 
-def test_a_line_that_is_not_a_session_is_an_invalid_response() -> None:
+def test_a_line_that_is_not_a_session_is_an_unexpected_response() -> None:
     with _client(Body(iter([_line("s-1"), b"<html>proxy</html>\n"]))) as client:
         with pytest.raises(TurnstoreError) as info:
             list(client.export_user("u-1"))
-    assert info.value.code == "invalid_response"
-    assert not isinstance(info.value, ExportInterruptedError)
+    assert info.value.code == "unexpected_response"
+    assert not isinstance(info.value, ExportIncompleteError)
 
 
 def test_an_export_is_retried_until_its_answer_begins() -> None:

@@ -3,12 +3,22 @@ against the real server."""
 
 from __future__ import annotations
 
-from typing import Any, List
+import types
+from typing import Any, Iterator, List, Optional, Tuple
 
 import pytest
+from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.language_models import FakeListChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+)
+from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.prompt_values import PromptValue
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import Runnable, RunnableLambda
@@ -210,3 +220,119 @@ def test_chat_message_history_in_runnable_with_message_history(client: Client) -
     history = client.get_history(sid, format="messages")
     assert history.messages is not None
     assert [m["content"] for m in history.messages] == ["q1", "a1", "q2", "a2"]
+
+
+# --- streaming ---------------------------------------------------------------
+
+ANSWER = "Embed the documents, then index the vectors."
+
+
+def streaming_model() -> GenericFakeChatModel:
+    """A chat model that streams ANSWER word by word (spaces as chunks of their own)."""
+    return GenericFakeChatModel(messages=iter([AIMessage(content=ANSWER)]))
+
+
+class BrokenStreamModel(GenericFakeChatModel):
+    """Streams two chunks, then fails."""
+
+    def _stream(
+        self,
+        messages: List[BaseMessage],
+        stop: Optional[List[str]] = None,
+        run_manager: Optional[CallbackManagerForLLMRun] = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        yield ChatGenerationChunk(message=AIMessageChunk(content="Half "))
+        yield ChatGenerationChunk(message=AIMessageChunk(content="an answer"))
+        raise RuntimeError("the model went away")
+
+
+def _stored(client: Client, sid: str) -> List[Tuple[str, str]]:
+    turns = client.get_history(sid, format="turns").turns or []
+    return [(t.user_query, t.final_answer) for t in turns]
+
+
+def test_stream_yields_the_models_chunks_as_they_come(client: Client) -> None:
+    sid = new_id()
+    chain = RunnableWithTurnstoreHistory(streaming_model(), client)
+    config: Any = {"configurable": {"session_id": sid}}
+    chunks: List[str] = []
+    pending_while_streaming: List[int] = []
+    for chunk in chain.stream("How do I build one?", config):
+        assert isinstance(chunk, AIMessageChunk), chunk
+        chunks.append(message_text(chunk))
+        pending_while_streaming.append(client.get_session(sid).pending_count)
+        assert _stored(client, sid) == []  # not finalized before the end
+    assert len(chunks) > 5
+    assert pending_while_streaming == [1] * len(chunks)
+    assert "".join(chunks) == ANSWER
+    assert _stored(client, sid) == [("How do I build one?", ANSWER)]
+    assert client.get_session(sid).pending_count == 0
+
+
+async def test_astream_yields_the_models_chunks_as_they_come(
+    client: Client, aclient: AsyncClient
+) -> None:
+    for turnstore in (aclient, client):
+        sid = new_id()
+        chain = RunnableWithTurnstoreHistory(
+            PROMPT | streaming_model(),
+            turnstore,
+            input_messages_key="question",
+            history_messages_key="history",
+        )
+        config: Any = {"configurable": {"session_id": sid}}
+        chunks: List[str] = []
+        async for chunk in chain.astream({"question": "And with async?"}, config):
+            chunks.append(message_text(chunk))
+            assert client.get_session(sid).pending_count == 1
+        assert len(chunks) > 5 and "".join(chunks) == ANSWER
+        assert _stored(client, sid) == [("And with async?", ANSWER)]
+
+
+def test_stream_with_a_dict_output_records_its_key(client: Client) -> None:
+    sid = new_id()
+    chain = RunnableWithTurnstoreHistory(
+        streaming_model() | RunnableLambda(lambda text: {"answer": text, "sources": []}),
+        client,
+        output_messages_key="answer",
+    )
+    outputs = list(chain.stream("Which key?", {"configurable": {"session_id": sid}}))
+    assert outputs and all(isinstance(o, dict) for o in outputs)
+    assert _stored(client, sid) == [("Which key?", ANSWER)]
+
+
+def test_a_stream_that_fails_aborts_the_turn(client: Client) -> None:
+    sid = new_id()
+    chain = RunnableWithTurnstoreHistory(BrokenStreamModel(messages=iter([])), client)
+    received: List[str] = []
+    with pytest.raises(RuntimeError, match="went away"):
+        for chunk in chain.stream("Will it fail?", {"configurable": {"session_id": sid}}):
+            received.append(message_text(chunk))
+    assert received == ["Half ", "an answer"]
+    assert client.get_session(sid).pending_count == 0
+    assert _stored(client, sid) == []
+
+
+def test_closing_a_stream_early_aborts_the_turn(client: Client) -> None:
+    sid = new_id()
+    chain = RunnableWithTurnstoreHistory(streaming_model(), client)
+    stream = chain.stream("Stop halfway?", {"configurable": {"session_id": sid}})
+    assert isinstance(stream, types.GeneratorType)
+    assert message_text(next(stream)) == "Embed"
+    assert client.get_session(sid).pending_count == 1
+    stream.close()  # what a for loop's break does to a generator it owns, once dropped
+    assert client.get_session(sid).pending_count == 0
+    assert _stored(client, sid) == []
+
+
+async def test_closing_an_astream_early_aborts_the_turn(aclient: AsyncClient) -> None:
+    sid = new_id()
+    chain = RunnableWithTurnstoreHistory(streaming_model(), aclient)
+    stream = chain.astream("Stop halfway?", {"configurable": {"session_id": sid}})
+    assert isinstance(stream, types.AsyncGeneratorType)
+    assert message_text(await stream.__anext__()) == "Embed"
+    assert (await aclient.get_session(sid)).pending_count == 1
+    await stream.aclose()
+    assert (await aclient.get_session(sid)).pending_count == 0
+    assert (await aclient.get_history(sid, format="turns")).turns == []

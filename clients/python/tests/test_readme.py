@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ READMES = {
     "client": HERE / "README.md",
     "project": HERE.parent.parent / "README.md",
 }
-RUNNABLE = 'os.environ.get("TURNSTORE_URL", "http://127.0.0.1:8080")'
+# A block runs when it makes its client from the environment (TURNSTORE_URL).
+RUNNABLE = "client = Client()"
 
 
 def first_python_block(readme: Path) -> str:
@@ -46,7 +48,10 @@ def runnable_blocks(readme: Path) -> Dict[str, List[str]]:
 def run(code: str, server: Server) -> str:
     result = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "TURNSTORE_URL": server.url},
+        env={
+            **{k: v for k, v in os.environ.items() if k != "TURNSTORE_API_KEY"},
+            "TURNSTORE_URL": server.url,
+        },
         capture_output=True,
         text=True,
         timeout=60,
@@ -195,7 +200,10 @@ def test_the_history_strategies_run_as_the_readme_shows(
             assert any(s.startswith(line) for s in shown) or line == "", (heading, line)
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", block],
-            env={**os.environ, "TURNSTORE_URL": server.url},
+            env={
+            **{k: v for k, v in os.environ.items() if k != "TURNSTORE_API_KEY"},
+            "TURNSTORE_URL": server.url,
+        },
             capture_output=True,
             text=True,
             timeout=60,
@@ -206,3 +214,50 @@ def test_the_history_strategies_run_as_the_readme_shows(
             assert len(printed) == 1 and printed[0].startswith(expected[0]), printed
         else:
             assert printed == expected, (heading, result.stdout)
+
+
+# --- install lines -----------------------------------------------------------
+
+ROOT = HERE.parent.parent
+INSTALL_READMES = [ROOT / "README.md", HERE / "README.md", ROOT / "clients/typescript/README.md"]
+# This repository's packages: published nowhere, installed from a clone.
+OURS = {"turnstore", "turnstore-client"}
+
+
+def install_lines(readme: Path) -> List[Tuple[str, List[str]]]:
+    """Every `pip install ...` and `npm install ...` of a README, with its
+    arguments (options and `<placeholders>` left out)."""
+    found = []
+    for match in re.finditer(r"\b(pip|npm) install (?!-scripts)([^`\n#]*)", readme.read_text()):
+        args = [a for a in shlex.split(match.group(2)) if not a.startswith(("-", "<"))]
+        found.append((match.group(1), args))
+    return found
+
+
+def test_install_lines_work_from_a_clone() -> None:
+    """pip runs from the clone's root; npm from a project beside the clone
+    (`../turnstore/...`). A package of this repository is named by its
+    folder, never by its name, and the extras named exist."""
+    extras = re.search(
+        r"^\[project.optional-dependencies\]\n(.*?)^\[", (HERE / "pyproject.toml").read_text(),
+        re.M | re.S,
+    )
+    assert extras
+    known_extras = set(re.findall(r"^(\w+) = ", extras.group(1), re.M))
+    checked = 0
+    for readme in INSTALL_READMES:
+        for tool, args in install_lines(readme):
+            for arg in args:
+                name, _, extra = arg.partition("[")
+                where = f"{readme.relative_to(ROOT)}: {tool} install {arg}"
+                assert name not in OURS, f"{where}: not published; install the folder of a clone"
+                if not name.startswith((".", "/")):
+                    continue  # a published package
+                path = name.replace("../turnstore/", "./", 1) if tool == "npm" else name
+                assert (ROOT / path).is_dir(), where
+                manifest = "package.json" if tool == "npm" else "pyproject.toml"
+                assert (ROOT / path / manifest).is_file(), where
+                if extra:
+                    assert set(extra.rstrip("]").split(",")) <= known_extras, where
+                checked += 1
+    assert checked >= 5

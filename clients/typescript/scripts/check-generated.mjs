@@ -1,8 +1,9 @@
 // @ts-check
 // Fails when src/schema.ts is not what `npm run generate` makes from the
-// current openapi/openapi.json: regenerates into a temporary file and compares
-// it byte for byte with the checked-in one.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+// current openapi/openapi.json (openapi-typescript with its default settings),
+// or when the generator prints a warning: regenerates into a temporary file
+// and compares it byte for byte with the checked-in one.
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { defaultOutput, generate } from "./generate.mjs";
@@ -10,7 +11,7 @@ import { defaultOutput, generate } from "./generate.mjs";
 const dir = mkdtempSync(join(tmpdir(), "turnstore-schema-"));
 try {
   const fresh = join(dir, "schema.ts");
-  writeFileSync(fresh, await generate());
+  generate(fresh);
   const expected = readFileSync(fresh, "utf8");
   let actual = "";
   try {
@@ -31,7 +32,7 @@ try {
     );
     process.exitCode = 1; // not exit(): the finally below must still clean up
   } else {
-    console.error("src/schema.ts matches openapi/openapi.json");
+    console.error("src/schema.ts matches openapi/openapi.json (openapi-typescript, default settings, no warning)");
   }
 } finally {
   rmSync(dir, { recursive: true, force: true });

@@ -13,6 +13,7 @@ import type {
   ImportBody,
   ImportMessage,
   ImportResponse,
+  JsonMediaType,
   ListUserSessionsOptions,
   PutSummaryBody,
   Session,
@@ -25,20 +26,24 @@ import type {
 } from "./types.js";
 
 export interface TurnstoreClientOptions {
-  /** Where turnstore listens, e.g. `http://127.0.0.1:8080` (no `/v1`). */
-  baseUrl: string;
-  /** Sent as `Authorization: Bearer <apiKey>` when the server has keys. */
+  /** Where turnstore listens (no `/v1`). Default: `TURNSTORE_URL` from the environment,
+   * else `http://127.0.0.1:8080`. */
+  baseUrl?: string | undefined;
+  /** Sent as `Authorization: Bearer <apiKey>` when the server has keys. Default:
+   * `TURNSTORE_API_KEY` from the environment (unset or empty: no key). */
   apiKey?: string | undefined;
   /** A fetch to use instead of `globalThis.fetch` (proxies, tests). */
   fetch?: ((request: Request) => Promise<Response>) | undefined;
-  /** Retries after the first attempt, for network errors, timeouts and 502/503/504. Default 3. */
+  /** Retries after the first attempt, for connection errors, timeouts and 502/503/504.
+   * Default 2 (three attempts in all). */
   maxRetries?: number | undefined;
   /** Bound on each attempt, in ms. Default 10 000: above the server's own 5 s request timeout,
    * so a slow server answers 503 `request_timeout` (retried) before the client gives up. */
   timeoutMs?: number | undefined;
-  /** First backoff, in ms (doubles per retry, with jitter). Default 200. */
+  /** Largest wait before the first retry, in ms (doubles per retry; the wait is drawn
+   * between 0 and it). Default 250. */
   retryBaseDelayMs?: number | undefined;
-  /** Largest backoff, in ms. Default 5 000. */
+  /** Largest wait between attempts, in ms, `Retry-After` included. Default 4 000. */
   retryMaxDelayMs?: number | undefined;
 }
 
@@ -131,12 +136,27 @@ export type ImportResult = ImportResponse & {
   replayed: boolean;
 };
 
-const DEFAULTS = {
-  maxRetries: 3,
+/**
+ * The defaults of `TurnstoreClientOptions`, the Python client's too
+ * (clients/conventions.json): `baseUrl` when neither the options nor
+ * `TURNSTORE_URL` give one.
+ */
+export const CLIENT_DEFAULTS = Object.freeze({
+  baseUrl: "http://127.0.0.1:8080",
+  maxRetries: 2,
   timeoutMs: 10_000,
-  retryBaseDelayMs: 200,
-  retryMaxDelayMs: 5_000,
-} as const;
+  retryBaseDelayMs: 250,
+  retryMaxDelayMs: 4_000,
+} as const);
+
+/** The environment variables a client reads when its options leave a value out. */
+const ENVIRONMENT = { baseUrl: "TURNSTORE_URL", apiKey: "TURNSTORE_API_KEY" } as const;
+
+/** A variable of the environment, where there is one (Node; not a browser); empty is unset. */
+function fromEnvironment(name: string): string | undefined {
+  const value = globalThis.process?.env?.[name];
+  return value === undefined || value === "" ? undefined : value;
+}
 
 /**
  * A typed client of the turnstore HTTP API. Every call is retried on network
@@ -146,25 +166,32 @@ const DEFAULTS = {
  * throws the signal's reason.
  */
 export class TurnstoreClient {
-  readonly #api: Client<paths>;
+  readonly #api: Client<paths, JsonMediaType>;
   readonly #policy: RetryPolicy;
 
-  constructor(options: TurnstoreClientOptions) {
-    // Fail at construction, not as a retried "network error" on first use.
-    const base = new URL(options.baseUrl);
+  /**
+   * `new TurnstoreClient()` talks to `TURNSTORE_URL` (else
+   * `http://127.0.0.1:8080`) with the key in `TURNSTORE_API_KEY` (if any);
+   * options win over the environment.
+   */
+  constructor(options: TurnstoreClientOptions = {}) {
+    const baseUrl = options.baseUrl ?? fromEnvironment(ENVIRONMENT.baseUrl) ?? CLIENT_DEFAULTS.baseUrl;
+    const apiKey = options.apiKey ?? fromEnvironment(ENVIRONMENT.apiKey);
+    // Fail at construction, not as a retried "connection error" on first use.
+    const base = new URL(baseUrl);
     if (base.protocol !== "http:" && base.protocol !== "https:") {
-      throw new TypeError(`baseUrl must be an http(s) URL, got ${options.baseUrl}`);
+      throw new TypeError(`baseUrl must be an http(s) URL, got ${baseUrl}`);
     }
     this.#policy = {
-      maxRetries: nonNegativeInteger("maxRetries", options.maxRetries ?? DEFAULTS.maxRetries),
-      timeoutMs: positive("timeoutMs", options.timeoutMs ?? DEFAULTS.timeoutMs),
-      baseDelayMs: positive("retryBaseDelayMs", options.retryBaseDelayMs ?? DEFAULTS.retryBaseDelayMs),
-      maxDelayMs: positive("retryMaxDelayMs", options.retryMaxDelayMs ?? DEFAULTS.retryMaxDelayMs),
+      maxRetries: nonNegativeInteger("maxRetries", options.maxRetries ?? CLIENT_DEFAULTS.maxRetries),
+      timeoutMs: positive("timeoutMs", options.timeoutMs ?? CLIENT_DEFAULTS.timeoutMs),
+      baseDelayMs: positive("retryBaseDelayMs", options.retryBaseDelayMs ?? CLIENT_DEFAULTS.retryBaseDelayMs),
+      maxDelayMs: positive("retryMaxDelayMs", options.retryMaxDelayMs ?? CLIENT_DEFAULTS.retryMaxDelayMs),
     };
-    this.#api = createClient<paths>({
-      baseUrl: options.baseUrl,
+    this.#api = createClient<paths, JsonMediaType>({
+      baseUrl,
       ...(options.fetch && { fetch: options.fetch }),
-      ...(options.apiKey !== undefined && { headers: { Authorization: `Bearer ${options.apiKey}` } }),
+      ...(apiKey !== undefined && { headers: { Authorization: `Bearer ${apiKey}` } }),
     });
   }
 

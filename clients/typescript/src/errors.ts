@@ -6,7 +6,7 @@ import type { FieldError, Problem } from "./types.js";
  */
 export type ClientErrorCode =
   /** No response: connection refused or reset, DNS, TLS (status 0). */
-  | "network_error"
+  | "connection_error"
   /** No response within `timeoutMs` on the last attempt (status 0). */
   | "timeout"
   /** A response that is not what the contract promises: an error without a
@@ -44,7 +44,7 @@ export interface TurnstoreErrorInit {
 /**
  * Every failure of a TurnstoreClient call: an error response (its problem
  * document's fields), or a transport failure that outlasted the retries
- * (`status` 0, `code` `network_error` or `timeout`, the last error as
+ * (`status` 0, `code` `connection_error` or `timeout`, the last error as
  * `cause`).
  */
 export class TurnstoreError extends Error {

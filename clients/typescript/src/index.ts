@@ -1,4 +1,5 @@
 export {
+  CLIENT_DEFAULTS,
   TurnstoreClient,
   type CallOptions,
   type EraseUserOptions,

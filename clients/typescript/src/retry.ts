@@ -5,7 +5,8 @@ export interface RetryPolicy {
   maxRetries: number;
   /** Bound on one attempt, from sending to the last byte of the reply. */
   timeoutMs: number;
-  /** Backoff before retry n is drawn from [d/2, d], d = min(max, base * 2^n). */
+  /** Backoff before retry n (from 0) is drawn from [0, d], d = min(max, base * 2^n),
+   * and raised to a `Retry-After` within `maxDelayMs`. */
   baseDelayMs: number;
   maxDelayMs: number;
 }
@@ -59,6 +60,7 @@ export async function sendWithRetries<D>(options: SendOptions<D>): Promise<Deliv
     const combined = signal ? AbortSignal.any([signal, timeout]) : timeout;
     let failure: TurnstoreError;
     let retryable: boolean;
+    let retryAfterMs: number | undefined;
     try {
       const result = await options.attempt(combined);
       if (result.response.ok) return { data: result.data, response: result.response };
@@ -67,6 +69,7 @@ export async function sendWithRetries<D>(options: SendOptions<D>): Promise<Deliv
         return { data: undefined, response: result.response };
       }
       retryable = RETRYABLE_STATUSES.has(failure.status);
+      retryAfterMs = failure.retryAfter === undefined ? undefined : failure.retryAfter * 1000;
     } catch (error) {
       // The caller gave up: surface their reason, as fetch itself would.
       if (signal?.aborted) throw signal.reason;
@@ -75,7 +78,7 @@ export async function sendWithRetries<D>(options: SendOptions<D>): Promise<Deliv
       retryable = true;
     }
     if (!retryable || attempt >= policy.maxRetries) throw failure;
-    await sleep(backoffDelay(attempt, policy), signal);
+    await sleep(backoffDelay(attempt, policy, Math.random, retryAfterMs), signal);
   }
 }
 
@@ -89,8 +92,8 @@ function transportFailure(
   const reason = cause instanceof Error ? cause.message : String(cause);
   return new TurnstoreError({
     status: TRANSPORT_FAILURE_STATUS,
-    code: timedOut ? "timeout" : "network_error",
-    title: timedOut ? "Request timed out" : "Network error",
+    code: timedOut ? "timeout" : "connection_error",
+    title: timedOut ? "Request timed out" : "Connection failed",
     detail: timedOut
       ? `${label}: no reply within ${policy.timeoutMs} ms (attempt ${attempts})`
       : `${label}: ${reason} (attempt ${attempts})`,
@@ -99,14 +102,21 @@ function transportFailure(
   });
 }
 
-/** Exponential backoff with "equal jitter": never 0, never in lockstep. */
+/**
+ * The wait before retry `attempt` (0 for the first): exponential backoff
+ * with "full jitter" (a random time in [0, ceiling], so that clients failing
+ * together do not retry in lockstep), raised to the server's `Retry-After`
+ * within `maxDelayMs`. The Python client waits the same (clients/conventions.json).
+ */
 export function backoffDelay(
   attempt: number,
   policy: Pick<RetryPolicy, "baseDelayMs" | "maxDelayMs">,
   random: () => number = Math.random,
+  retryAfterMs?: number,
 ): number {
   const ceiling = Math.min(policy.maxDelayMs, policy.baseDelayMs * 2 ** attempt);
-  return ceiling / 2 + random() * (ceiling / 2);
+  const wait = random() * ceiling;
+  return retryAfterMs === undefined ? wait : Math.max(wait, Math.min(retryAfterMs, policy.maxDelayMs));
 }
 
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {

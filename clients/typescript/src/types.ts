@@ -4,6 +4,17 @@
 // components/responses (both happened once) without any change here.
 import type { paths } from "./schema.js";
 
+/**
+ * The media types of the API's JSON bodies: `application/json`,
+ * `application/problem+json` and the export's `application/x-ndjson` lines.
+ * For openapi-fetch on the generated `paths`: `createClient<paths,
+ * JsonMediaType>()` types each `data` and `error` from them alone. With
+ * openapi-fetch's default (every media type) a history's `data` is
+ * `HistoryResponse | string`, since its 200 also offers the `text/plain`
+ * rendering (`Accept: text/plain`, which `parseAs: "text"` reads).
+ */
+export type JsonMediaType = `${string}/${string}json`;
+
 type JsonBody<R> = R extends { content: { "application/json": infer T } } ? T : never;
 type ProblemBody<R> = R extends { content: { "application/problem+json": infer T } } ? T : never;
 type NdjsonLine<R> = R extends { content: { "application/x-ndjson": infer T } } ? T : never;

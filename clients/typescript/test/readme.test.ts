@@ -176,4 +176,36 @@ describe("README examples against the real server", () => {
       }
     });
   });
+
+  describe("A RAG request and Templates: clients made from the environment", () => {
+    interface RagRequest {
+      ask(sessionId: string, userId: string, question: string): Promise<string>;
+    }
+    interface Templates {
+      xmlHistory(sessionId: string): Promise<string>;
+    }
+    it("run against the server named by TURNSTORE_URL", async () => {
+      // The examples make their client when imported: with no options, from the environment.
+      const saved = process.env["TURNSTORE_URL"];
+      process.env["TURNSTORE_URL"] = server.baseUrl;
+      let rag: RagRequest;
+      let templates: Templates;
+      try {
+        rag = (await readmeModule("A RAG request")) as unknown as RagRequest;
+        templates = (await readmeModule("Templates")) as unknown as Templates;
+      } finally {
+        if (saved === undefined) delete process.env["TURNSTORE_URL"];
+        else process.env["TURNSTORE_URL"] = saved;
+      }
+      const sessionId = id("readme-rag");
+      assert.equal(await rag.ask(sessionId, "alice", "What is a vector index?"), "An answer to: What is a vector index?");
+      const history = await turnstore.getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        history.turns.map((t) => [t.user_query, t.final_answer]),
+        [["What is a vector index?", "An answer to: What is a vector index?"]],
+      );
+      const xml = await templates.xmlHistory(sessionId);
+      assert.match(xml, /<turn role="user">What is a vector index\?<\/turn>/);
+    });
+  });
 });

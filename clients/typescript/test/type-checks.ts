@@ -1,19 +1,35 @@
 // Compile-time checks (never run): `npm run build:test` fails if one breaks.
 // They pin the typing promises of the public API.
 import type OpenAI from "openai";
+import createClient from "openapi-fetch";
 import {
   type ExportedSession,
   type HistoryFormat,
   type HistoryResponse,
   type ImportResult,
+  type JsonMediaType,
   type Summary,
   TurnstoreClient,
   TurnstoreError,
   type Unsummarized,
   chatMessages,
+  type paths,
 } from "turnstore-client";
 
+type Equals<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+
 export async function typeChecks(client: TurnstoreClient): Promise<void> {
+  // openapi-fetch on the generated types: with JsonMediaType a history is
+  // the JSON response alone, without the text/plain alternative.
+  const api = createClient<paths, JsonMediaType>({ baseUrl: "http://127.0.0.1:8080" });
+  const viaFetch = await api.GET("/v1/sessions/{session_id}/history", { params: { path: { session_id: "s" } } });
+  const jsonOnly: Equals<typeof viaFetch.data, HistoryResponse | undefined> = true;
+  const plain = await createClient<paths>({}).GET("/v1/sessions/{session_id}/history", {
+    params: { path: { session_id: "s" } },
+  });
+  const withText: Equals<typeof plain.data, HistoryResponse | string | undefined> = true;
+  void [jsonOnly, withText];
+
   // chatMessages is accepted as-is by the openai package.
   const messages: OpenAI.Chat.Completions.ChatCompletionMessageParam[] = chatMessages({ userQuery: "q" });
   void messages;

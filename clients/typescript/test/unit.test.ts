@@ -5,15 +5,16 @@ import { type ExportedSession, TurnstoreClient, TurnstoreError, backoffDelay } f
 
 describe("backoffDelay", () => {
   const policy = { baseDelayMs: 100, maxDelayMs: 1_000 };
-  it("doubles per retry, within [ceiling/2, ceiling]", () => {
-    assert.equal(backoffDelay(0, policy, () => 0), 50);
+  it("doubles per retry, within [0, ceiling]", () => {
+    assert.equal(backoffDelay(0, policy, () => 0), 0);
     assert.equal(backoffDelay(0, policy, () => 1), 100);
-    assert.equal(backoffDelay(2, policy, () => 0), 200);
+    assert.equal(backoffDelay(2, policy, () => 0.5), 200);
     assert.equal(backoffDelay(2, policy, () => 1), 400);
   });
-  it("is bounded by maxDelayMs", () => {
+  it("is bounded by maxDelayMs, Retry-After included", () => {
     assert.equal(backoffDelay(30, policy, () => 1), 1_000);
-    assert.equal(backoffDelay(30, policy, () => 0), 500);
+    assert.equal(backoffDelay(0, policy, () => 0, 500), 500);
+    assert.equal(backoffDelay(0, policy, () => 0, 30_000), 1_000);
   });
 });
 

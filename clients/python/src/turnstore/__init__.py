@@ -14,7 +14,8 @@ finalize it with the answer, or abort it when the pipeline fails::
 :class:`Client` is synchronous, :class:`AsyncClient` the same API awaited.
 Errors are :class:`TurnstoreError` subclasses; transient failures are
 retried, starts and imports included (see :class:`RetryPolicy`). The LangChain
-integration is in :mod:`turnstore.langchain` (``pip install 'turnstore[langchain]'``).
+integration is in :mod:`turnstore.langchain` (from the root of a clone:
+``pip install './clients/python[langchain]'``).
 """
 
 from ._core import VERSION as __version__
@@ -24,7 +25,7 @@ from .client import Client
 from .errors import (
     ConflictError,
     ConnectionFailedError,
-    ExportInterruptedError,
+    ExportIncompleteError,
     FieldError,
     ForbiddenError,
     NotFoundError,
@@ -67,7 +68,7 @@ __all__ = [
     "ConflictError",
     "ConnectionFailedError",
     "Erasure",
-    "ExportInterruptedError",
+    "ExportIncompleteError",
     "ExportStream",
     "ExportedSession",
     "FieldError",

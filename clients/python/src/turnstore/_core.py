@@ -9,6 +9,7 @@ The clients differ only in how they send a request and wait between tries
 from __future__ import annotations
 
 import json
+import os
 import random
 import uuid
 from collections import deque
@@ -31,7 +32,7 @@ import httpx
 
 from .errors import (
     ConnectionFailedError,
-    ExportInterruptedError,
+    ExportIncompleteError,
     FieldError,
     TurnstoreError,
     error_class_for,
@@ -51,6 +52,9 @@ VERSION = "0.1.0"
 USER_AGENT = f"turnstore-python/{VERSION}"
 DEFAULT_BASE_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT = 10.0
+#: Read when a client is given no ``base_url`` / ``api_key``.
+URL_VARIABLE = "TURNSTORE_URL"
+API_KEY_VARIABLE = "TURNSTORE_API_KEY"
 
 T = TypeVar("T")
 
@@ -230,7 +234,7 @@ def error_from_response(response: httpx.Response, request_id: str) -> TurnstoreE
     cls = error_class_for(status, code if isinstance(code, str) else None)
     return cls(
         status,
-        code if isinstance(code, str) else f"http_{status}",
+        code if isinstance(code, str) else "unexpected_response",
         title if isinstance(title, str) else response.reason_phrase,
         detail,
         errors=errors,
@@ -248,7 +252,7 @@ def parse(response: httpx.Response, request_id: str, build: Callable[[Any], T]) 
     except (ValueError, KeyError, TypeError) as exc:
         raise TurnstoreError(
             response.status_code,
-            "invalid_response",
+            "unexpected_response",
             "Unexpected response",
             f"the response to {response.request.method} {response.request.url.path} "
             f"is not a turnstore response ({type(exc).__name__}: {exc})",
@@ -260,6 +264,17 @@ def segment(value: str) -> str:
     """A path segment, percent-encoded so that any string stays one segment
     (the server then rejects an invalid id with a 422 naming it)."""
     return quote(value, safe="")
+
+
+def base_url(given: Optional[str]) -> str:
+    """``given``, else ``TURNSTORE_URL``, else ``http://127.0.0.1:8080``."""
+    url = given if given is not None else os.environ.get(URL_VARIABLE) or DEFAULT_BASE_URL
+    return url.rstrip("/")
+
+
+def api_key(given: Optional[str]) -> Optional[str]:
+    """``given``, else ``TURNSTORE_API_KEY`` (unset or empty: no key)."""
+    return given if given is not None else os.environ.get(API_KEY_VARIABLE) or None
 
 
 def base_headers(api_key: Optional[str], extra: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -516,7 +531,7 @@ class ExportState:
         except (ValueError, KeyError, TypeError) as exc:
             raise TurnstoreError(
                 self.status,
-                "invalid_response",
+                "unexpected_response",
                 "Unexpected response",
                 f"line {self.sessions + 1} of {self.call.method} {self.call.path} is not "
                 f"an exported session ({type(exc).__name__}: {exc})",
@@ -528,19 +543,19 @@ class ExportState:
     def end(self) -> None:
         """The body ended: raises if it ended in the middle of a line."""
         if self.lines.pending_bytes:
-            raise self._interrupted(
+            raise self._incomplete(
                 f"the export ended in the middle of a line ({self.lines.pending_bytes} bytes "
                 "without their newline)"
             )
 
-    def broken(self, exc: Exception) -> ExportInterruptedError:
-        return self._interrupted(f"the connection broke during the export ({_reason(exc)})")
+    def broken(self, exc: Exception) -> ExportIncompleteError:
+        return self._incomplete(f"the connection broke during the export ({_reason(exc)})")
 
-    def _interrupted(self, what: str) -> ExportInterruptedError:
-        error = ExportInterruptedError(
+    def _incomplete(self, what: str) -> ExportIncompleteError:
+        error = ExportIncompleteError(
             self.status,
-            "export_interrupted",
-            "Export interrupted",
+            "export_incomplete",
+            "Export incomplete",
             f"{what}, after {self.sessions} complete session(s): the server cuts an export "
             "on a store failure or at TURNSTORE_EXPORT_TIMEOUT; export again",
             request_id=self.request_id,
@@ -563,7 +578,7 @@ def history_text(response: httpx.Response, request_id: str) -> HistoryText:
     if token_count is None:
         raise TurnstoreError(
             response.status_code,
-            "invalid_response",
+            "unexpected_response",
             "Unexpected response",
             "a text/plain history came without a valid x-token-count header",
             request_id=response.headers.get("x-request-id", request_id),

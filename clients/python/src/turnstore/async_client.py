@@ -36,8 +36,10 @@ class AsyncClient:
     """An asynchronous turnstore client, on ``httpx.AsyncClient``.
 
     Args:
-        base_url: the service's root URL.
-        api_key: sent as ``Authorization: Bearer <api_key>`` when set.
+        base_url: the service's root URL; by default ``TURNSTORE_URL``, or
+            ``http://127.0.0.1:8080`` when that is unset.
+        api_key: sent as ``Authorization: Bearer <api_key>`` when set; by
+            default ``TURNSTORE_API_KEY``, or no key when that is unset or empty.
         timeout: seconds (or an ``httpx.Timeout``) for each try of a request;
             applies to the httpx client this class makes, not to an injected one.
         max_retries: how many times a failed request is tried again (on
@@ -56,7 +58,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        base_url: str = _core.DEFAULT_BASE_URL,
+        base_url: Optional[str] = None,
         *,
         api_key: Optional[str] = None,
         timeout: Union[float, httpx.Timeout] = _core.DEFAULT_TIMEOUT,
@@ -69,9 +71,9 @@ class AsyncClient:
     ) -> None:
         if http_client is not None and transport is not None:
             raise ValueError("pass http_client or transport, not both")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _core.base_url(base_url)
         self.retry_policy = RetryPolicy(max_retries, initial_backoff, max_backoff)
-        self._headers = _core.base_headers(api_key, headers)
+        self._headers = _core.base_headers(_core.api_key(api_key), headers)
         self._owns_http = http_client is None
         self._http = (
             http_client

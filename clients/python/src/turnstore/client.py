@@ -36,8 +36,10 @@ class Client:
     """A synchronous turnstore client (thread-safe, like the httpx client under it).
 
     Args:
-        base_url: the service's root URL.
-        api_key: sent as ``Authorization: Bearer <api_key>`` when set.
+        base_url: the service's root URL; by default ``TURNSTORE_URL``, or
+            ``http://127.0.0.1:8080`` when that is unset.
+        api_key: sent as ``Authorization: Bearer <api_key>`` when set; by
+            default ``TURNSTORE_API_KEY``, or no key when that is unset or empty.
         timeout: seconds (or an ``httpx.Timeout``) for each try of a request;
             applies to the httpx client this class makes, not to an injected one.
         max_retries: how many times a failed request is tried again (on
@@ -55,7 +57,7 @@ class Client:
 
     def __init__(
         self,
-        base_url: str = _core.DEFAULT_BASE_URL,
+        base_url: Optional[str] = None,
         *,
         api_key: Optional[str] = None,
         timeout: Union[float, httpx.Timeout] = _core.DEFAULT_TIMEOUT,
@@ -68,9 +70,9 @@ class Client:
     ) -> None:
         if http_client is not None and transport is not None:
             raise ValueError("pass http_client or transport, not both")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _core.base_url(base_url)
         self.retry_policy = RetryPolicy(max_retries, initial_backoff, max_backoff)
-        self._headers = _core.base_headers(api_key, headers)
+        self._headers = _core.base_headers(_core.api_key(api_key), headers)
         self._owns_http = http_client is None
         self._http = (
             http_client
@@ -375,7 +377,7 @@ class Client:
                 for session in export:
                     ...
 
-        A stream the server cuts raises :class:`ExportInterruptedError`
+        A stream the server cuts raises :class:`ExportIncompleteError`
         after the complete sessions (see :mod:`turnstore.export`).
         """
         call = _core.export_call(user_id)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Type
 __all__ = [
     "ConflictError",
     "ConnectionFailedError",
-    "ExportInterruptedError",
+    "ExportIncompleteError",
     "FieldError",
     "ForbiddenError",
     "NotFoundError",
@@ -170,7 +170,7 @@ class ConnectionFailedError(UnavailableError):
     as ``__cause__``."""
 
 
-class ExportInterruptedError(TurnstoreError):
+class ExportIncompleteError(TurnstoreError):
     """An export stream ended before its end: the connection broke in the
     middle of the body, or the body ended without the newline of its last
     line. The server cuts an export so on a store failure or at its
@@ -178,7 +178,7 @@ class ExportInterruptedError(TurnstoreError):
     complete one.
 
     ``status`` is the export's HTTP status (200: the error came after it),
-    ``code`` is ``export_interrupted``; ``sessions`` is how many complete
+    ``code`` is ``export_incomplete``; ``sessions`` is how many complete
     sessions were received (and yielded) before the cut. A transport
     failure is chained as ``__cause__``. The export is not resumable:
     export again (and read faster, or ask the operator for a longer

@@ -14,7 +14,7 @@ client's retries, until the server's answer begins); an error answer
 there. Once sessions flow, a stream the server cuts (on a store failure or
 at its ``TURNSTORE_EXPORT_TIMEOUT``: the body ends without its last
 newline, or the connection breaks) raises
-:class:`~turnstore.ExportInterruptedError` after the complete sessions:
+:class:`~turnstore.ExportIncompleteError` after the complete sessions:
 never a partial session, and never a silent short export.
 
 Leaving the ``with`` block (or :meth:`ExportStream.close`) releases the

@@ -1,4 +1,4 @@
-"""LangChain integration (``pip install 'turnstore[langchain]'``).
+"""LangChain integration (``pip install './clients/python[langchain]'`` from a clone).
 
 Two ways in, for two kinds of code:
 
@@ -21,7 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    AsyncIterator,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 try:
     from langchain_core.callbacks import (
@@ -34,7 +45,8 @@ try:
     from langchain_core.runnables.config import patch_config
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "turnstore.langchain needs langchain-core: pip install 'turnstore[langchain]'"
+        "turnstore.langchain needs langchain-core: pip install 'langchain-core>=0.3' "
+        "(or install the client with its [langchain] extra)"
     ) from exc
 
 from .async_client import AsyncClient
@@ -118,8 +130,16 @@ class RunnableWithTurnstoreHistory(Runnable[Any, Any]):
         session_id_key, user_id_key: the ``config["configurable"]`` keys
             holding the session id (required) and the user id (optional).
 
-    The output of the chain is returned unchanged. Streaming is not
-    supported: ``stream`` yields the whole output once it is recorded.
+    The output of the chain is returned unchanged. ``stream`` and
+    ``astream`` stream the chain (its ``stream``/``astream``): each chunk is
+    yielded as it comes, and once the last one has come the turn is
+    finalized with the text of every chunk, concatenated (with
+    ``output_messages_key``, of the chunks' values under that key). If the
+    chain raises while streaming, the turn is aborted and the error
+    propagates. If the consumer closes the stream before its end (breaks
+    out of the loop and the generator is closed, ``aclose()`` for
+    ``astream``), the turn is aborted too: an answer not delivered whole is
+    never recorded, and the history stays as it was.
     """
 
     def __init__(
@@ -155,7 +175,113 @@ class RunnableWithTurnstoreHistory(Runnable[Any, Any]):
     ) -> Any:
         return await self._acall_with_config(self._arun, input, config, **kwargs)
 
+    def stream(
+        self, input: Any, config: Optional[RunnableConfig] = None, **kwargs: Optional[Any]
+    ) -> Iterator[Any]:
+        if not isinstance(self.client, Client):
+            raise TypeError("stream needs a turnstore.Client; with an AsyncClient use astream")
+        body: List[Iterator[Any]] = []
+
+        def transformer(
+            inputs: Iterator[Any], run_manager: CallbackManagerForChainRun, config: RunnableConfig
+        ) -> Iterator[Any]:
+            body.append(self._stream_turn(inputs, run_manager, config))
+            return body[0]
+
+        try:
+            yield from self._transform_stream_with_config(
+                iter([input]), transformer, config, **kwargs
+            )
+        finally:
+            # A consumer that stopped early closed this generator: close the
+            # turn's now, so that it aborts the turn before close() returns.
+            for turn in body:
+                close = getattr(turn, "close", None)
+                if close is not None:
+                    close()
+
+    async def astream(
+        self, input: Any, config: Optional[RunnableConfig] = None, **kwargs: Optional[Any]
+    ) -> AsyncIterator[Any]:
+        body: List[AsyncIterator[Any]] = []
+
+        def transformer(
+            inputs: AsyncIterator[Any],
+            run_manager: AsyncCallbackManagerForChainRun,
+            config: RunnableConfig,
+        ) -> AsyncIterator[Any]:
+            body.append(self._astream_turn(inputs, run_manager, config))
+            return body[0]
+
+        async def one() -> AsyncIterator[Any]:
+            yield input
+
+        try:
+            async for chunk in self._atransform_stream_with_config(
+                one(), transformer, config, **kwargs
+            ):
+                yield chunk
+        finally:
+            for turn in body:
+                aclose = getattr(turn, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
     # --- the flow --------------------------------------------------------
+
+    def _stream_turn(
+        self,
+        inputs: Iterator[Any],
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> Iterator[Any]:
+        assert isinstance(self.client, Client)
+        question, chain_input = self._split(_only(inputs))
+        session_id, user_id = self._ids(config)
+        started = self.client.start_turn(
+            question, session_id=session_id, user_id=user_id, history=self.history
+        )
+        parts: List[str] = []
+        try:
+            for chunk in self.runnable.stream(
+                chain_input(_history_messages(started.history)),
+                patch_config(config, callbacks=run_manager.get_child()),
+            ):
+                parts.append(self._answer_part(chunk))
+                yield chunk
+            self.client.finalize_turn(started.session_id, started.turn_id, "".join(parts))
+        except BaseException:  # GeneratorExit too: the consumer stopped early
+            try:
+                self.client.abort_turn(started.session_id, started.turn_id)
+            except TurnstoreError as error:
+                logger.warning("could not abort turn %s: %s", started.turn_id, error)
+            raise
+
+    async def _astream_turn(
+        self,
+        inputs: AsyncIterator[Any],
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+    ) -> AsyncIterator[Any]:
+        received = [item async for item in inputs]
+        question, chain_input = self._split(_only(iter(received)))
+        session_id, user_id = self._ids(config)
+        started = await self._astart(question, session_id, user_id)
+        parts: List[str] = []
+        try:
+            async for chunk in self.runnable.astream(
+                chain_input(_history_messages(started.history)),
+                patch_config(config, callbacks=run_manager.get_child()),
+            ):
+                parts.append(self._answer_part(chunk))
+                yield chunk
+            await self._afinalize(started, "".join(parts))
+        except BaseException:  # GeneratorExit too: the consumer stopped early
+            try:
+                await self._aabort(started)
+            except TurnstoreError as error:
+                logger.warning("could not abort turn %s: %s", started.turn_id, error)
+            raise
 
     def _run(
         self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
@@ -248,6 +374,19 @@ class RunnableWithTurnstoreHistory(Runnable[Any, Any]):
         fields: Dict[str, Any] = dict(input)
         return question, lambda history: {**fields, key: history}
 
+    def _answer_part(self, chunk: Any) -> str:
+        """The text a streamed chunk adds to the answer."""
+        if self.output_messages_key is not None:
+            if not isinstance(chunk, dict):
+                raise TypeError(
+                    f"output_messages_key={self.output_messages_key!r} needs dict chunks, "
+                    f"got {type(chunk).__name__}"
+                )
+            if self.output_messages_key not in chunk:
+                return ""
+            return message_text(chunk[self.output_messages_key])
+        return message_text(chunk)
+
     def _answer(self, output: Any) -> str:
         if self.output_messages_key is not None:
             if not isinstance(output, dict) or self.output_messages_key not in output:
@@ -265,6 +404,14 @@ class RunnableWithTurnstoreHistory(Runnable[Any, Any]):
             )
         user_id = configurable.get(self.user_id_key)
         return session_id, user_id if isinstance(user_id, str) else None
+
+
+def _only(inputs: Iterator[Any]) -> Any:
+    """The one input of a stream (``stream`` passes exactly one)."""
+    items = list(inputs)
+    if len(items) != 1:
+        raise ValueError(f"expected one input to stream, got {len(items)}")
+    return items[0]
 
 
 class TurnstoreChatMessageHistory(BaseChatMessageHistory):

@@ -448,7 +448,7 @@ export function clientSuite(store: string, startBackend: StartBackend): void {
         const { client: down, faults } = faulty(() => ({ kind: "refuse" }), { maxRetries: 2 });
         const error = await turnstoreError(down.getSession(id("s")));
         assert.equal(error.status, 0);
-        assert.equal(error.code, "network_error");
+        assert.equal(error.code, "connection_error");
         assert.equal(error.attempts, 3);
         assert.ok(error.cause instanceof TypeError);
         assert.equal(faults.seen.length, 3);
