@@ -483,7 +483,8 @@ export interface components {
          *       "pending_turns": 0,
          *       "stopped_by": null,
          *       "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
-         *       "unsummarized": null
+         *       "unsummarized": null,
+         *       "generation": "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17"
          *     }
          */
         HistoryResponse: {
@@ -528,6 +529,13 @@ export interface components {
              */
             summary?: components["schemas"]["Summary"];
             unsummarized: components["schemas"]["UnsummarizedOut"] | null;
+            /**
+             * @description The session's generation (see the Session object), `null` for an
+             *     unknown session: a summary folded from this history is written with
+             *     it as `expected_generation`, so that it cannot land on a session
+             *     cleared and started again meanwhile.
+             */
+            generation: string | null;
         };
         /**
          * @description Makes a retried start return the turn the first try made.
@@ -692,6 +700,14 @@ export interface components {
              */
             expected_through_seq?: number | null;
             /**
+             * @description Write only to this generation of the session: the `generation` of
+             *     the history (or session) the summary was folded from. A session
+             *     cleared, erased or expired since (even if started again under the
+             *     same id) answers 409 `summary_conflict`, and nothing is written.
+             * @example 019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17
+             */
+            expected_generation?: string | null;
+            /**
              * @description Checked against the session's owner as a start's is (403); a summary
              *     does not claim an unowned session. `""` counts as absent.
              */
@@ -711,7 +727,8 @@ export interface components {
          *       "last_active_at": "2026-11-25T10:17:02.481Z",
          *       "expires_at": "2026-12-02T10:17:02.481Z",
          *       "turn_count": 2,
-         *       "pending_count": 0
+         *       "pending_count": 0,
+         *       "generation": "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17"
          *     }
          */
         Session: {
@@ -739,6 +756,12 @@ export interface components {
              * @description Started turns not finalized yet.
              */
             pending_count: number;
+            /**
+             * @description Names this incarnation of the session id (opaque): a session
+             *     cleared, erased or expired and started again under the same id has
+             *     another. A summary write can require it (`expected_generation`).
+             */
+            generation: string;
         };
         /**
          * @description A conversation: client-chosen, or a UUID v4 the server made.
@@ -968,9 +991,8 @@ export interface components {
         UserSessionsResponse: {
             user_id: components["schemas"]["UserId"];
             /**
-             * @description Live sessions, most recently active first (by their last index
-             *     refresh: a start refreshes it at least every `TURNSTORE_SESSION_TTL / 4`,
-             *     at most a day).
+             * @description Live sessions, most recently active first: by their latest start
+             *     or import, to the second (a finalize does not move a session).
              */
             sessions: components["schemas"]["UserSession"][];
             /** @description Pass as `cursor` for the next page; `null` on the last page. */
