@@ -20,6 +20,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, ProblemCode};
+use super::extract::NoQuery;
 use super::history::{Summary, Turn};
 use super::users::UserPath;
 use super::valid::AllValid;
@@ -85,7 +86,11 @@ pub struct ExportedSession {
          content_type = "application/x-ndjson"),
     ),
 )]
-pub async fn export(State(app): State<AppState>, path: UserPath) -> Result<Response, ApiError> {
+pub async fn export(
+    State(app): State<AppState>,
+    path: UserPath,
+    _: NoQuery,
+) -> Result<Response, ApiError> {
     let (user,) = (path.user_id(),).all()?;
     // The stream outlives the handler: it holds its own place among the
     // requests in flight.

@@ -65,6 +65,7 @@ pub struct HistoryParams {
     pub max_answer_chars: Option<u32>,
     /// Always keep the first candidate turn (the session's first, unless
     /// `after_seq` excludes it) when anything is kept: the original goal.
+    #[serde(default, deserialize_with = "super::extract::flag")]
     pub keep_first: Option<bool>,
     /// Only turns with `seq` above this are candidates (range reads).
     pub after_seq: Option<u64>,
@@ -76,6 +77,7 @@ pub struct HistoryParams {
     /// Begin with the session's summary (if it has one): it counts first
     /// towards `max_tokens` (if it does not fit, nothing is returned), then
     /// come the newest turns it does not cover.
+    #[serde(default, deserialize_with = "super::extract::flag")]
     pub summary: Option<bool>,
     /// Render with this template instead of the `text` format (built-ins
     /// `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):

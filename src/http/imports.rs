@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, FieldError};
-use super::extract::JsonBody;
+use super::extract::{JsonBody, NoQuery};
 use super::sessions::SessionPath;
 use super::turns::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use super::valid::{AllValid, optional};
@@ -280,6 +280,7 @@ pub async fn import(
     State(app): State<AppState>,
     path: SessionPath,
     headers: HeaderMap,
+    _: NoQuery,
     JsonBody(body): JsonBody<ImportRequest>,
 ) -> Result<Response, ApiError> {
     let v = Valid::parse(&path, &headers, body, &app.settings)?;

@@ -8,7 +8,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::{ApiError, ProblemCode};
-use super::extract::path_extractor;
+use super::extract::{NoQuery, path_extractor};
 use super::valid::{AllValid, Valid, field};
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::turn::{now_millis, rfc3339};
@@ -98,6 +98,7 @@ pub struct Session {
 pub async fn get_session(
     State(app): State<AppState>,
     path: SessionPath,
+    _: NoQuery,
 ) -> Result<Json<Session>, ApiError> {
     let (session,) = (path.session_id(),).all()?;
     let info = app
@@ -131,6 +132,7 @@ pub async fn get_session(
 pub async fn clear_session(
     State(app): State<AppState>,
     path: SessionPath,
+    _: NoQuery,
 ) -> Result<StatusCode, ApiError> {
     let (session,) = (path.session_id(),).all()?;
     app.store.clear_session(&session).await?;

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, ProblemCode};
-use super::extract::JsonBody;
+use super::extract::{JsonBody, NoQuery};
 use super::history::Summary;
 use super::sessions::SessionPath;
 use super::valid::{AllValid, field, optional, rule};
@@ -125,6 +125,7 @@ impl Write {
 pub async fn put_summary(
     State(app): State<AppState>,
     path: SessionPath,
+    _: NoQuery,
     JsonBody(body): JsonBody<PutSummaryRequest>,
 ) -> Result<Json<Summary>, ApiError> {
     let w = Write::parse(&path, body, &app.settings)?;
@@ -165,6 +166,7 @@ pub async fn put_summary(
 pub async fn get_summary(
     State(app): State<AppState>,
     path: SessionPath,
+    _: NoQuery,
 ) -> Result<Json<Summary>, ApiError> {
     let (session,) = (path.session_id(),).all()?;
     let stored = app
@@ -188,6 +190,7 @@ pub async fn get_summary(
 pub async fn delete_summary(
     State(app): State<AppState>,
     path: SessionPath,
+    _: NoQuery,
 ) -> Result<StatusCode, ApiError> {
     let (session,) = (path.session_id(),).all()?;
     app.store.delete_summary(&session).await?;

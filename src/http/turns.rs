@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, ProblemCode};
-use super::extract::JsonBody;
+use super::extract::{JsonBody, NoQuery};
 use super::history::{HistoryParams, HistoryResponse, Turn};
 use super::sessions::SessionTurnPath;
 use super::valid::{AllValid, Valid, field, optional, rule};
@@ -252,6 +252,7 @@ impl Start {
 pub async fn start_turn(
     State(app): State<AppState>,
     headers: HeaderMap,
+    _: NoQuery,
     JsonBody(body): JsonBody<StartTurnRequest>,
 ) -> Result<Response, ApiError> {
     let start = Start::parse(body, &headers, &app.settings, &app.templates)?;
@@ -428,6 +429,7 @@ impl Finalize {
 pub async fn finalize_turn(
     State(app): State<AppState>,
     path: SessionTurnPath,
+    _: NoQuery,
     JsonBody(body): JsonBody<FinalizeTurnRequest>,
 ) -> Result<Json<FinalizeTurnResponse>, ApiError> {
     let Finalize {
@@ -496,6 +498,7 @@ pub async fn finalize_turn(
 pub async fn abort_turn(
     State(app): State<AppState>,
     path: SessionTurnPath,
+    _: NoQuery,
 ) -> Result<StatusCode, ApiError> {
     let (session, turn) = path.ids().all()?;
     app.store.delete_turn(&session, turn).await?;

@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{QueryParams, path_extractor};
+use super::extract::{NoQuery, QueryParams, path_extractor};
 use super::valid::{AllValid, Valid, field, optional, rule};
 use crate::domain::{SessionId, UserId};
 use crate::turn::{Millis, now_millis, rfc3339};
@@ -172,6 +172,7 @@ pub async fn list_user_sessions(
 pub async fn erase_user(
     State(app): State<AppState>,
     path: UserPath,
+    _: NoQuery,
 ) -> Result<Json<EraseUserResponse>, ApiError> {
     let (user,) = (path.user_id(),).all()?;
     // Answer within the request timeout: rounds go on while another fits.

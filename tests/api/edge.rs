@@ -147,3 +147,158 @@ async fn accept_is_negotiated_with_q_values() {
         problem(res, 406, "not_acceptable").await;
     }
 }
+
+/// Every route refuses a query parameter it does not take, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_query_parameters_are_422_on_every_route() {
+    let app = TestApp::spawn(Backend::Memory).await;
+    let s = sid();
+    let t = app
+        .started(json!({"session_id": s, "user_query": "q"}))
+        .await;
+    let turn = t["turn_id"].as_str().unwrap();
+    let routes = [
+        (Method::POST, "/v1/turns".to_owned()),
+        (
+            Method::POST,
+            format!("/v1/sessions/{s}/turns/{turn}/finalize"),
+        ),
+        (Method::DELETE, format!("/v1/sessions/{s}/turns/{turn}")),
+        (Method::GET, format!("/v1/sessions/{s}/history")),
+        (Method::GET, format!("/v1/sessions/{s}")),
+        (Method::DELETE, format!("/v1/sessions/{s}")),
+        (Method::PUT, format!("/v1/sessions/{s}/summary")),
+        (Method::GET, format!("/v1/sessions/{s}/summary")),
+        (Method::DELETE, format!("/v1/sessions/{s}/summary")),
+        (Method::POST, format!("/v1/sessions/{s}/import")),
+        (Method::GET, "/v1/users/u1/export".to_owned()),
+        (Method::GET, "/v1/users/u1/sessions".to_owned()),
+        (Method::DELETE, "/v1/users/u1".to_owned()),
+    ];
+    for (method, path) in routes {
+        let res = app
+            .http
+            .request(method.clone(), app.url(&format!("{path}?colour=blue")))
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        let p = problem(res, 422, "validation_failed").await;
+        assert_eq!(p["errors"][0]["field"], "colour", "{method} {path}: {p}");
+    }
+    // Nothing was written: the turn is still pending.
+    let info = app
+        .session(&s)
+        .await
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert_eq!(info["pending_count"], 1, "{info}");
+}
+
+/// Validation messages speak of the request, not of the parser: no Rust
+/// type names, no "invalid digit", and a syntax error is the body's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_messages_are_in_the_apis_terms() {
+    let app = TestApp::spawn(Backend::Memory).await;
+    let read = |query: &'static str| {
+        app.http
+            .get(app.url(&format!("/v1/sessions/s1/history?{query}")))
+            .send()
+    };
+    for (query, field, message) in [
+        ("limit=-1", "limit", "must be a whole number, 0 or more"),
+        ("limit=abc", "limit", "must be a whole number, 0 or more"),
+        ("max_tokens=99999999999", "max_tokens", "is too large"),
+        ("summary=yes", "summary", "must be true or false"),
+        (
+            "format=xml",
+            "format",
+            "must be one of text, messages, turns",
+        ),
+        ("colour=blue", "colour", "unknown field"),
+    ] {
+        let p = problem(read(query).await.unwrap(), 422, "validation_failed").await;
+        assert_eq!(p["errors"][0]["field"], field, "{query}: {p}");
+        assert_eq!(p["errors"][0]["message"], message, "{query}: {p}");
+    }
+    let start = |body: &'static str| {
+        app.http
+            .post(app.url("/v1/turns"))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    for (body, field, message) in [
+        (r#"{"user_query": 5}"#, "user_query", "must be a string"),
+        (
+            r#"{"user_query": "q", "history": 5}"#,
+            "history",
+            "must be an object",
+        ),
+        (
+            r#"{"user_query": "q", "history": {"limit": "x"}}"#,
+            "history.limit",
+            "must be a whole number, 0 or more",
+        ),
+        (
+            r#"{"user_query": "q", "history": {"keep_first": "maybe"}}"#,
+            "history.keep_first",
+            "must be true or false",
+        ),
+        (
+            r#"{"user_query": "q", "colour": 1}"#,
+            "colour",
+            "unknown field",
+        ),
+        (r#"{}"#, "user_query", "is required"),
+        (r#"[1]"#, "body", "must be a JSON object"),
+        (
+            r#"{"user_query": "q",}"#,
+            "body",
+            "is not valid JSON: trailing comma at line 1 column 20",
+        ),
+        (
+            r#"{"user_query": "q"} x"#,
+            "body",
+            "is not valid JSON: trailing characters at line 1 column 21",
+        ),
+    ] {
+        let p = problem(start(body).await.unwrap(), 422, "validation_failed").await;
+        assert_eq!(p["errors"][0]["field"], field, "{body}: {p}");
+        assert_eq!(p["errors"][0]["message"], message, "{body}: {p}");
+        let text = p.to_string();
+        for parser_word in ["u32", "u64", "struct", "invalid digit", "expected"] {
+            assert!(!text.contains(parser_word), "{body}: {text}");
+        }
+    }
+    let import = app
+        .import(
+            &sid(),
+            json!({"messages": [{"role": "user", "content": "q"}, {"content": "a"}]}),
+        )
+        .await;
+    let p = problem(import, 422, "validation_failed").await;
+    assert_eq!(p["errors"][0]["field"], "messages[1].role", "{p}");
+}
+
+/// Booleans in a query as Python's requests (`True`) and others (`1`)
+/// write them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_booleans_take_the_usual_spellings() {
+    let app = TestApp::spawn(Backend::Memory).await;
+    let s = sid();
+    for i in 1..=3 {
+        app.complete(&s, &format!("q{i}"), &format!("a{i}")).await;
+    }
+    for (yes, no) in [("true", "false"), ("True", "False"), ("1", "0")] {
+        let kept = app
+            .history_ok(&s, &format!("limit=1&keep_first={yes}&format=turns"))
+            .await;
+        assert_eq!(crate::support::seqs(&kept), [1], "{yes}");
+        let not = app
+            .history_ok(&s, &format!("limit=1&keep_first={no}&format=turns"))
+            .await;
+        assert_eq!(crate::support::seqs(&not), [3], "{no}");
+    }
+}

@@ -127,7 +127,7 @@ async fn bad_summary_writes_change_nothing(backend: Backend) {
         (json!({"summary": "x", "through_seq": 2}), "through_seq"),
         (json!({"summary": "x", "through_seq": 0}), "through_seq"),
         (json!({"summary": " \n", "through_seq": 1}), "summary"),
-        (json!({"summary": "x"}), "body"),
+        (json!({"summary": "x"}), "through_seq"),
         (
             json!({"summary": "x", "through_seq": 1, "extra": 1}),
             "extra",
