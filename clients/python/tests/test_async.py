@@ -93,6 +93,36 @@ async def test_async_retries(server: Server) -> None:
             await client.abort_turn(sid, str(uuid.uuid4()))
 
 
+async def test_async_lost_summary_write_with_a_generation(
+    server: Server, aclient: AsyncClient
+) -> None:
+    sid = new_id()
+    for n in (1, 2):
+        started = await aclient.start_turn(f"q{n}", session_id=sid)
+        await aclient.finalize_turn(sid, started.turn_id, f"a{n}")
+    generation = (await aclient.get_history(sid)).generation
+    transport = AsyncScriptedTransport([LOSE])
+    async with AsyncClient(server.url, transport=transport, initial_backoff=0.001) as flaky:
+        written = await flaky.put_summary(
+            sid, "both", 2, expected_through_seq=0, expected_generation=generation
+        )
+        assert [r.method for r in transport.requests] == ["PUT", "PUT", "GET"]
+        assert written == await aclient.get_summary(sid)
+        # The same write, retried after the session was started again: refused.
+        await aclient.clear_session(sid)
+        for n in (1, 2):
+            started = await aclient.start_turn(f"q{n}", session_id=sid)
+            await aclient.finalize_turn(sid, started.turn_id, f"a{n}")
+        await aclient.put_summary(sid, "both", 2)
+        transport.requests.clear()
+        transport.script = [LOSE]
+        with pytest.raises(SummaryConflictError):
+            await flaky.put_summary(
+                sid, "both", 2, expected_through_seq=0, expected_generation=generation
+            )
+        assert [r.method for r in transport.requests] == ["PUT", "PUT", "GET"]
+
+
 async def test_async_v1_1_operations(aclient: AsyncClient) -> None:
     sid, user = new_id(), new_id("user")
     imported = await aclient.import_messages(
@@ -123,10 +153,19 @@ async def test_async_v1_1_operations(aclient: AsyncClient) -> None:
     text = await aclient.get_history_text(sid, lang="en", limit=1)
     assert text.text.endswith("User: And?\nAssistant: Nothing.")
 
-    summary = await aclient.put_summary(sid, "q1 was asked", 1, expected_through_seq=0)
+    generation = (await aclient.get_history(sid)).generation
+    assert generation is not None and generation == (await aclient.get_session(sid)).generation
+    summary = await aclient.put_summary(
+        sid, "q1 was asked", 1, expected_through_seq=0, expected_generation=generation
+    )
     assert await aclient.get_summary(sid) == summary
     with pytest.raises(SummaryConflictError):
         await aclient.put_summary(sid, "stale", 2, expected_through_seq=0)
+    with pytest.raises(SummaryConflictError) as replaced:
+        await aclient.put_summary(
+            sid, "q1 q2", 2, expected_through_seq=1, expected_generation="another generation"
+        )
+    assert "generation" in replaced.value.detail
     history = await aclient.get_history(sid, summary=True, format="turns", limit=1)
     assert history.summary == summary
     assert history.unsummarized is not None

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, List
 
+import httpx
 import pytest
 
-from turnstore import ExportedSession, History, HistoryOptions, ImportResult, Summary, Unsummarized
+from turnstore import (
+    Client,
+    ExportedSession,
+    History,
+    HistoryOptions,
+    ImportResult,
+    Session,
+    Summary,
+    Unsummarized,
+)
 from turnstore.models import parse_datetime
 
 
@@ -147,3 +159,63 @@ def test_an_exported_session_line() -> None:
         {"session_id": "s", "user_id": None, "imported_turns": 2, "first_seq": 4, "last_seq": 5}
     )
     assert (result.first_seq, result.last_seq, result.replayed) == (4, 5, False)
+
+
+_HISTORY: Dict[str, Any] = {
+    "session_id": "chat-42",
+    "user_id": None,
+    "format": "text",
+    "encoding": "o200k_base",
+    "token_count": 0,
+    "total_turns": 0,
+    "included_turns": 0,
+    "omitted_turns": 0,
+    "pending_turns": 0,
+    "stopped_by": None,
+    "rendered": "",
+    "unsummarized": None,
+}
+
+
+def test_a_history_and_a_session_carry_the_generation() -> None:
+    generation = "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17"
+    assert History.from_json(dict(_HISTORY, generation=generation)).generation == generation
+    assert History.from_json(dict(_HISTORY, generation=None)).generation is None  # unknown
+    assert History.from_json(_HISTORY).generation is None  # a server without generations
+    session = Session.from_json(
+        {
+            "session_id": "chat-42",
+            "user_id": "alice",
+            "created_at": "2026-11-25T10:15:30.123Z",
+            "last_active_at": "2026-11-25T10:17:02.481Z",
+            "expires_at": "2026-12-02T10:17:02.481Z",
+            "turn_count": 2,
+            "pending_count": 0,
+            "generation": generation,
+        }
+    )
+    assert (session.turn_count, session.generation) == (2, generation)
+
+
+def test_put_summary_sends_expected_generation_only_when_given() -> None:
+    bodies: List[Dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(
+            200,
+            json={
+                "summary": "S",
+                "through_seq": 2,
+                "token_count": 1,
+                "updated_at": "2026-11-25T10:20:41.210Z",
+            },
+        )
+
+    with Client("http://turnstore.test", transport=httpx.MockTransport(handler)) as client:
+        client.put_summary("chat-42", "S", 2, expected_through_seq=0, expected_generation="g-1")
+        client.put_summary("chat-42", "S", 2)
+    assert bodies == [
+        {"summary": "S", "through_seq": 2, "expected_through_seq": 0, "expected_generation": "g-1"},
+        {"summary": "S", "through_seq": 2},
+    ]

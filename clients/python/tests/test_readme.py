@@ -149,7 +149,7 @@ STRATEGIES = {
         '{"session_id":"chat-44","user_id":"alice","imported_turns":3,"first_seq":1,"last_seq":3}'
     ],
     "Rolling summaries, kept by your client": [
-        '"unsummarized":{"after_seq":0,"through_seq":2,"turns":2,"tokens":38}}',
+        '"unsummarized":{"after_seq":0,"through_seq":2,"turns":2,"tokens":38}',
         '"through_seq":2',
         "### Conversation summary:",
         "Alice asked about vector indexes and chose HNSW for recall.",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import httpx
 import pytest
@@ -221,6 +221,73 @@ def test_a_lost_summary_write_is_recognised_by_its_retry(
     assert [r.method for r in transport.requests] == ["PUT", "PUT", "GET"]
     assert (written.summary, written.through_seq) == ("both", 2)
     assert client.get_summary(sid) == written
+
+
+def test_a_lost_write_to_a_generation_is_recognised_by_its_retry(
+    flaky: Client, client: Client, transport: ScriptedTransport
+) -> None:
+    sid = new_id()
+    finished_turn(client, sid, "q1", "a1")
+    finished_turn(client, sid, "q2", "a2")
+    generation = client.get_history(sid).generation
+    transport.script = [LOSE]
+    written = flaky.put_summary(
+        sid, "both", 2, expected_through_seq=0, expected_generation=generation
+    )
+    # The check reads the summary and the generation at once, from a history.
+    assert [(r.method, r.url.path.rsplit("/", 1)[-1]) for r in transport.requests] == [
+        ("PUT", "summary"),
+        ("PUT", "summary"),
+        ("GET", "history"),
+    ]
+    assert (written.summary, written.through_seq) == ("both", 2)
+    assert client.get_summary(sid) == written
+
+
+class _ReplacingTransport(ScriptedTransport):
+    """Runs ``replace`` after the first lost response: the session is
+    replaced between a write's try and its retry."""
+
+    def __init__(self, replace: Callable[[], None]) -> None:
+        super().__init__([LOSE])
+        self.replace: Optional[Callable[[], None]] = replace
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return super().handle_request(request)
+        except httpx.ReadError:
+            if self.replace is not None:
+                self.replace()
+                self.replace = None
+            raise
+
+
+def test_a_lost_write_is_not_claimed_in_a_session_started_again(
+    server: Server, client: Client
+) -> None:
+    """The try wrote; the session was cleared and started again, and the
+    same summary written to it: not this write's, so the retry's conflict
+    stands."""
+    sid = new_id()
+    for n in (1, 2):
+        finished_turn(client, sid, f"q{n}", f"a{n}")
+    generation = client.get_history(sid).generation
+
+    def replace() -> None:
+        client.clear_session(sid)
+        for n in (1, 2):
+            finished_turn(client, sid, f"q{n}", f"a{n}")
+        client.put_summary(sid, "both", 2, expected_through_seq=0)
+
+    transport = _ReplacingTransport(replace)
+    with Client(server.url, transport=transport, initial_backoff=0.001) as flaky:
+        with pytest.raises(SummaryConflictError) as info:
+            flaky.put_summary(
+                sid, "both", 2, expected_through_seq=0, expected_generation=generation
+            )
+    assert "generation" in info.value.detail
+    assert [r.method for r in transport.requests] == ["PUT", "PUT", "GET"]
+    assert client.get_history(sid).generation != generation
 
 
 def test_a_real_conflict_survives_the_retry(

@@ -208,9 +208,90 @@ def test_clearing_the_session_deletes_the_summary(client: Client, session: str) 
         client.get_summary(session)
 
 
+def test_a_history_carries_the_session_generation(client: Client, session: str) -> None:
+    generation = client.get_session(session).generation
+    assert isinstance(generation, str) and generation
+    assert client.get_history(session).generation == generation
+    assert client.get_history(session, summary=True, format="turns").generation == generation
+    started = client.start_turn("question 6", session_id=session, history=HistoryOptions())
+    assert started.history is not None and started.history.generation == generation
+    # The same in every read of this incarnation, whatever was written since.
+    client.finalize_turn(session, started.turn_id, "answer 6")
+    client.put_summary(session, "S", 2)
+    assert client.get_session(session).generation == generation
+    assert client.get_history(session, summary=True).generation == generation
+    # An unknown session has none.
+    assert client.get_history(new_id()).generation is None
+
+
+def test_a_session_started_again_has_another_generation(client: Client, session: str) -> None:
+    before = client.get_session(session).generation
+    client.clear_session(session)
+    assert client.get_history(session).generation is None
+    started = client.start_turn("question 1", session_id=session, history=HistoryOptions())
+    after = client.get_session(session).generation
+    assert after != before
+    # The start that made the session again names its new generation.
+    assert started.history is not None and started.history.generation == after
+    assert client.get_history(session).generation == after
+
+
+def test_a_summary_of_a_replaced_session_is_refused(client: Client, session: str) -> None:
+    """A summary folded from one incarnation of a session id never lands on
+    the next, even one with as many turns and no summary either."""
+    read = client.get_history(session, summary=True, limit=2)
+    assert read.unsummarized is not None and read.generation is not None
+    assert (read.unsummarized.after_seq, read.unsummarized.through_seq) == (0, 3)
+    client.clear_session(session)
+    for n in range(1, 6):
+        finished_turn(client, session, f"other question {n}", f"other answer {n}")
+    again = client.get_history(session, summary=True, limit=2)
+    assert again.unsummarized is not None and again.generation is not None
+    shape = (again.unsummarized.after_seq, again.unsummarized.through_seq, again.unsummarized.turns)
+    assert shape == (0, 3, 3)  # the same shape as the read's ...
+    assert again.generation != read.generation  # ... but another conversation
+
+    with pytest.raises(SummaryConflictError) as info:
+        client.put_summary(
+            session,
+            "question 1 question 2 question 3",
+            read.unsummarized.through_seq,
+            expected_through_seq=read.unsummarized.after_seq,
+            expected_generation=read.generation,
+        )
+    assert (info.value.status, info.value.code) == (409, "summary_conflict")
+    assert "generation" in info.value.detail
+    with pytest.raises(NotFoundError):
+        client.get_summary(session)  # nothing was written
+
+    written = client.put_summary(
+        session,
+        "other question 1 other question 2 other question 3",
+        again.unsummarized.through_seq,
+        expected_through_seq=again.unsummarized.after_seq,
+        expected_generation=again.generation,
+    )
+    assert client.get_summary(session) == written
+    assert client.get_session(session).generation == again.generation
+
+
+def test_an_expected_generation_alone_is_checked(client: Client, session: str) -> None:
+    generation = client.get_session(session).generation
+    client.put_summary(session, "S", 2, expected_generation=generation)
+    # Without expected_through_seq it is no compare-and-set on the coverage.
+    assert client.put_summary(session, "S2", 3, expected_generation=generation).through_seq == 3
+    with pytest.raises(SummaryConflictError):
+        client.put_summary(session, "S3", 4, expected_generation="another-generation")
+    assert client.get_summary(session).summary == "S2"
+    with pytest.raises(ValidationError) as info:
+        client.put_summary(session, "S3", 4, expected_generation="g" * 65)
+    assert [e.field for e in info.value.errors] == ["expected_generation"]
+
+
 def test_the_rolling_summary_loop(client: Client, session: str) -> None:
     """The loop of API.md and the README: fold the unsummarized turns when
-    they pass a threshold, with compare-and-set."""
+    they pass a threshold, with compare-and-set on the coverage and the
+    session's generation."""
 
     def fold(previous: str, texts: list[str]) -> str:
         return " ".join([previous, *texts]).strip()
@@ -218,7 +299,8 @@ def test_the_rolling_summary_loop(client: Client, session: str) -> None:
     def update(threshold: int) -> int:
         writes = 0
         while True:
-            todo = client.get_history(session, summary=True, limit=1).unsummarized
+            history = client.get_history(session, summary=True, limit=1)
+            todo = history.unsummarized
             if todo is None or todo.tokens is None or todo.tokens < threshold:
                 return writes
             turns = client.get_history(
@@ -237,6 +319,7 @@ def test_the_rolling_summary_loop(client: Client, session: str) -> None:
                     fold(previous, [t.user_query for t in turns]),
                     todo.through_seq,
                     expected_through_seq=todo.after_seq,
+                    expected_generation=history.generation,
                 )
                 writes += 1
             except SummaryConflictError:

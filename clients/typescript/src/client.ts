@@ -113,6 +113,12 @@ export interface PutSummaryInput {
   /** Write only if the stored summary covers exactly this far (0: there is none yet), else 409
    * `summary_conflict`: the compare-and-set that keeps two summarizers from overwriting each other. */
   expectedThroughSeq?: number | undefined;
+  /** Write only to this incarnation of the session: the `generation` of the history the summary
+   * was folded from. A session cleared, erased or expired since (even if started again under the
+   * same id) answers 409 `summary_conflict`, and nothing is written. Send it with
+   * `expectedThroughSeq`: 0 alone cannot tell a session started again from the one read. `null`
+   * (the generation of an unknown session's history, which has nothing to fold) sends none. */
+  expectedGeneration?: string | null | undefined;
   /** Checked against the session's owner (403 `session_owner_mismatch`); does not claim the session. */
   userId?: string | undefined;
 }
@@ -148,6 +154,13 @@ export const CLIENT_DEFAULTS = Object.freeze({
   retryBaseDelayMs: 250,
   retryMaxDelayMs: 4_000,
 } as const);
+
+/**
+ * A history read of the summary alone, with the session's generation: how a
+ * retried summary write that named a generation checks both at once (no
+ * stored summary fills the budget: it is at most 32 KiB).
+ */
+const STORED_SUMMARY = { summary: true, format: "turns", limit: 0, max_tokens: 10_000_000 } as const;
 
 /** The environment variables a client reads when its options leave a value out. */
 const ENVIRONMENT = { baseUrl: "TURNSTORE_URL", apiKey: "TURNSTORE_API_KEY" } as const;
@@ -365,13 +378,17 @@ export class TurnstoreClient {
    * Writes the session's rolling summary (`PUT .../summary`). With
    * `expectedThroughSeq` it is a compare-and-set: a 409 `summary_conflict`
    * when the stored summary covers another range (read again, fold what is
-   * left, write again). A retry whose first attempt was written but its reply
-   * lost is answered 409 too; the client then reads the summary, and returns
-   * it when it is this very write.
+   * left, write again). With `expectedGeneration` (the history's
+   * `generation`) it is a 409 too when the session was cleared, erased or
+   * expired since, even if started again under the same id. A retry whose
+   * first attempt was written but its reply lost is answered 409 too; the
+   * client then reads the summary, and returns it when it is this very write
+   * (in the `expectedGeneration` of the session, when given).
    */
   async putSummary(sessionId: string, input: PutSummaryInput, call?: CallOptions): Promise<Summary> {
     const body: PutSummaryBody = { summary: input.summary, through_seq: input.throughSeq };
     if (input.expectedThroughSeq !== undefined) body.expected_through_seq = input.expectedThroughSeq;
+    if (input.expectedGeneration != null) body.expected_generation = input.expectedGeneration;
     if (input.userId !== undefined) body.user_id = input.userId;
     try {
       const { data, response } = await this.#send("PUT summary", call, (signal, headers) =>
@@ -385,11 +402,23 @@ export class TurnstoreClient {
       return required(data, response);
     } catch (error) {
       if (error instanceof TurnstoreError && error.code === "summary_conflict" && error.attempts > 1) {
-        const stored = await this.getSummary(sessionId, call).catch(() => undefined);
+        const stored = await this.#lostWrite(sessionId, input, call).catch(() => undefined);
         if (stored?.summary === input.summary && stored.through_seq === input.throughSeq) return stored;
       }
       throw error;
     }
+  }
+
+  /**
+   * The stored summary a lost attempt of `input` may have written. When the
+   * write named a generation, one history read gives the summary and the
+   * generation together: the same summary in a later generation (the session
+   * started again) is not this write's, whose summary the clear deleted.
+   */
+  async #lostWrite(sessionId: string, input: PutSummaryInput, call?: CallOptions): Promise<Summary | undefined> {
+    if (input.expectedGeneration == null) return this.getSummary(sessionId, call);
+    const history = await this.getHistory(sessionId, STORED_SUMMARY, call);
+    return history.generation === input.expectedGeneration ? history.summary : undefined;
   }
 
   /** Deletes the session's summary; done when it has none too. */

@@ -14,6 +14,7 @@ const history = (fields: Partial<HistoryResponse>): HistoryResponse => ({
   pending_turns: 0,
   stopped_by: null,
   unsummarized: null,
+  generation: "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17",
   ...fields,
 });
 

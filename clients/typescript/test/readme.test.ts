@@ -146,6 +146,32 @@ describe("README examples against the real server", () => {
       assert.equal(summary.summary, `Competitor.; ${asked(4, summary.through_seq)}`);
       assert.equal(summary.through_seq, left.through_seq);
     });
+
+    it("never writes a fold of a conversation cleared and started again meanwhile", async () => {
+      const sessionId = id("s");
+      await turnstore.importMessages(sessionId, { messages: transcript(30, 200) });
+      // The same id, as many turns, other questions: only the generation tells them apart.
+      const other = transcript(30, 200).map((m) => (m.role === "user" ? { ...m, content: `other ${m.content}` } : m));
+      const statuses: number[] = [];
+      const racing = new TurnstoreClient({
+        baseUrl: server.baseUrl,
+        maxRetries: 0,
+        fetch: async (request) => {
+          if (request.method === "PUT" && statuses.length === 0) {
+            await turnstore.clearSession(sessionId);
+            await turnstore.importMessages(sessionId, { messages: other });
+          }
+          const response = await fetch(request);
+          if (request.method === "PUT") statuses.push(response.status);
+          return response;
+        },
+      });
+      await rolling.foldSummary(racing, sessionId);
+      assert.deepEqual(statuses, [409, 200]);
+      const summary = await turnstore.getSummary(sessionId);
+      const folded = Array.from({ length: summary.through_seq }, (_, i) => `${i + 1}: other question ${i + 1}`);
+      assert.equal(summary.summary, `Asked ${folded.join("; ")}`);
+    });
   });
 
   describe("Import and export: importChat, exportUser", () => {

@@ -99,6 +99,24 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   // @ts-expect-error the wire name is not the client's
   await client.putSummary("s", { summary: "x", through_seq: 2 });
 
+  // Generations: every history names one (null: an unknown session), session info too;
+  // a history's is what a summary write expects.
+  const historyGeneration: Equals<typeof asTurns.generation, string | null> = true;
+  const sessionGeneration: Equals<Awaited<ReturnType<TurnstoreClient["getSession"]>>["generation"], string> = true;
+  const startGeneration: string | null = withHistory.history.generation;
+  void [historyGeneration, sessionGeneration, startGeneration];
+  await client.putSummary("s", {
+    summary: "x",
+    throughSeq: 2,
+    expectedThroughSeq: asTurns.summary?.through_seq ?? 0,
+    expectedGeneration: asTurns.generation,
+  });
+  await client.putSummary("s", { summary: "x", throughSeq: 2, expectedGeneration: "g" });
+  // @ts-expect-error a generation is an opaque string
+  await client.putSummary("s", { summary: "x", throughSeq: 2, expectedGeneration: 7 });
+  // @ts-expect-error the wire name is not the client's
+  await client.putSummary("s", { summary: "x", throughSeq: 2, expected_generation: "g" });
+
   // Import: user and assistant messages only.
   const imported: ImportResult = await client.importMessages(
     "s",

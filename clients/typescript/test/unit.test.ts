@@ -53,6 +53,29 @@ describe("TurnstoreError.fromResponse", () => {
   });
 });
 
+describe("putSummary's body", () => {
+  it("sends expected_generation when given, and none for undefined or null", async () => {
+    const bodies: unknown[] = [];
+    const client = new TurnstoreClient({
+      baseUrl: "http://turnstore.test",
+      maxRetries: 0,
+      fetch: async (request) => {
+        bodies.push(JSON.parse(await request.text()));
+        const summary = { summary: "S", through_seq: 2, token_count: 1, updated_at: "2026-11-25T10:20:41.210Z" };
+        return Response.json(summary);
+      },
+    });
+    await client.putSummary("s", { summary: "S", throughSeq: 2, expectedThroughSeq: 0, expectedGeneration: "g-1" });
+    await client.putSummary("s", { summary: "S", throughSeq: 2 });
+    await client.putSummary("s", { summary: "S", throughSeq: 2, expectedGeneration: null });
+    assert.deepEqual(bodies, [
+      { summary: "S", through_seq: 2, expected_through_seq: 0, expected_generation: "g-1" },
+      { summary: "S", through_seq: 2 },
+      { summary: "S", through_seq: 2 },
+    ]);
+  });
+});
+
 describe("exportUser's NDJSON reading", () => {
   /** A client whose every request is answered by `respond`. */
   const answering = (respond: () => Response): TurnstoreClient =>

@@ -39,6 +39,7 @@ from .errors import (
 )
 from .models import (
     ExportedSession,
+    History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
@@ -416,10 +417,13 @@ def put_summary_call(
     through_seq: int,
     expected_through_seq: Optional[int],
     user_id: Optional[str],
+    expected_generation: Optional[str] = None,
 ) -> Call:
     body: Dict[str, Any] = {"summary": summary, "through_seq": through_seq}
     if expected_through_seq is not None:
         body["expected_through_seq"] = expected_through_seq
+    if expected_generation is not None:
+        body["expected_generation"] = expected_generation
     if user_id is not None:
         body["user_id"] = user_id
     return Call("PUT", f"/v1/sessions/{segment(session_id)}/summary", json_body=body)
@@ -463,6 +467,24 @@ def is_written(stored: Optional[Summary], summary: str, through_seq: int) -> boo
     """Whether the stored summary is the one a write would have made: how a
     retried compare-and-set write recognises its own lost success."""
     return stored is not None and (stored.summary, stored.through_seq) == (summary, through_seq)
+
+
+STORED_SUMMARY = HistoryOptions(summary=True, format="turns", limit=0, max_tokens=10_000_000)
+"""A history read of the summary alone, with the session's generation: how a
+retried write that named a generation checks both in one read (no stored
+summary fills the budget: it is at most 32 KiB)."""
+
+
+def written_in(
+    history: History, summary: str, through_seq: int, generation: str
+) -> Optional[Summary]:
+    """The history's summary if it is the one a write would have made, in
+    the generation the write named, else ``None``: an equal summary in a
+    later generation of the session (started again under the same id) is
+    not that write's, which a clear deleted."""
+    if history.generation != generation or not is_written(history.summary, summary, through_seq):
+        return None
+    return history.summary
 
 
 # --- exports: NDJSON read as it arrives --------------------------------

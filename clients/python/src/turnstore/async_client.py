@@ -286,14 +286,15 @@ class AsyncClient:
         through_seq: int,
         *,
         expected_through_seq: Optional[int] = None,
+        expected_generation: Optional[str] = None,
         user_id: Optional[str] = None,
     ) -> Summary:
         """Writes the session's rolling summary of every turn with
         ``seq <= through_seq``; see :meth:`Client.put_summary` (compare-and-set
-        with ``expected_through_seq``, :class:`SummaryConflictError`, safe
-        retries)."""
+        with ``expected_through_seq`` and ``expected_generation``,
+        :class:`SummaryConflictError`, safe retries)."""
         call = _core.put_summary_call(
-            session_id, summary, through_seq, expected_through_seq, user_id
+            session_id, summary, through_seq, expected_through_seq, user_id, expected_generation
         )
         attempts = Attempts(call, self.retry_policy)
         try:
@@ -301,16 +302,23 @@ class AsyncClient:
         except SummaryConflictError:
             stored = None
             if attempts.maybe_applied:
-                stored = await self._lost_write(session_id, summary, through_seq)
+                stored = await self._lost_write(
+                    session_id, summary, through_seq, expected_generation
+                )
             if stored is None:
                 raise
             return stored
         return _core.parse(response, call.request_id, Summary.from_json)
 
     async def _lost_write(
-        self, session_id: str, summary: str, through_seq: int
+        self, session_id: str, summary: str, through_seq: int, generation: Optional[str]
     ) -> Optional[Summary]:
-        """The stored summary if it is the one a lost try wrote, else ``None``."""
+        """The stored summary if it is the one a lost try wrote (in
+        ``generation``, when the write named one), else ``None``."""
+        if generation is not None:
+            call = _core.history_call(session_id, _core.STORED_SUMMARY)
+            history = _core.parse(await self._send(call), call.request_id, History.from_json)
+            return _core.written_in(history, summary, through_seq, generation)
         try:
             stored = await self.get_summary(session_id)
         except NotFoundError:

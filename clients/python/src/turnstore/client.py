@@ -282,6 +282,7 @@ class Client:
         through_seq: int,
         *,
         expected_through_seq: Optional[int] = None,
+        expected_generation: Optional[str] = None,
         user_id: Optional[str] = None,
     ) -> Summary:
         """Writes the session's rolling summary of every turn with
@@ -292,16 +293,23 @@ class Client:
         happens only if the stored summary covers exactly that far (0: no
         summary yet), else :class:`SummaryConflictError` (409
         ``summary_conflict``), as for a ``through_seq`` below the stored
-        one: read again and fold what is left. ``user_id`` is checked
-        against the session's owner (:class:`ForbiddenError`); it does not
-        claim the session.
+        one: read again and fold what is left. With ``expected_generation``
+        (the :attr:`History.generation` of the history the summary was folded
+        from) it happens only if the session is still that incarnation: one
+        cleared, erased or expired since, even if started again under the
+        same id, raises :class:`SummaryConflictError` and nothing is written.
+        Send both: ``expected_through_seq=0`` alone cannot tell a session
+        started again from the one read. ``user_id`` is checked against the
+        session's owner (:class:`ForbiddenError`); it does not claim the
+        session.
 
         Retries are safe: when a try whose response was lost wrote the
         summary, the retry's conflict is recognised (the stored summary is
-        this one) and the stored summary is returned.
+        this one, in the session's ``expected_generation`` when given) and
+        the stored summary is returned.
         """
         call = _core.put_summary_call(
-            session_id, summary, through_seq, expected_through_seq, user_id
+            session_id, summary, through_seq, expected_through_seq, user_id, expected_generation
         )
         attempts = Attempts(call, self.retry_policy)
         try:
@@ -309,14 +317,21 @@ class Client:
         except SummaryConflictError:
             stored = None
             if attempts.maybe_applied:
-                stored = self._lost_write(session_id, summary, through_seq)
+                stored = self._lost_write(session_id, summary, through_seq, expected_generation)
             if stored is None:
                 raise
             return stored
         return _core.parse(response, call.request_id, Summary.from_json)
 
-    def _lost_write(self, session_id: str, summary: str, through_seq: int) -> Optional[Summary]:
-        """The stored summary if it is the one a lost try wrote, else ``None``."""
+    def _lost_write(
+        self, session_id: str, summary: str, through_seq: int, generation: Optional[str]
+    ) -> Optional[Summary]:
+        """The stored summary if it is the one a lost try wrote (in
+        ``generation``, when the write named one), else ``None``."""
+        if generation is not None:
+            call = _core.history_call(session_id, _core.STORED_SUMMARY)
+            history = _core.parse(self._send(call), call.request_id, History.from_json)
+            return _core.written_in(history, summary, through_seq, generation)
         try:
             stored = self.get_summary(session_id)
         except NotFoundError:

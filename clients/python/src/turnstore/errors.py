@@ -131,9 +131,11 @@ class ConflictError(TurnstoreError):
 class SummaryConflictError(ConflictError):
     """409 ``summary_conflict``: a summary write expected another coverage
     (``expected_through_seq``: someone else wrote the summary since it was
-    read), or would make the summary go backwards (a ``through_seq`` below
-    the stored one). ``detail`` says what is stored. Read the history again
-    with ``summary=True`` and fold what is left."""
+    read), or another incarnation of the session (``expected_generation``:
+    it was cleared, erased or expired since, perhaps started again under
+    the same id), or would make the summary go backwards (a ``through_seq``
+    below the stored one). ``detail`` says what is stored. Read the history
+    again with ``summary=True`` and fold what is left."""
 
 
 class PayloadTooLargeError(TurnstoreError):

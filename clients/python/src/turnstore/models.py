@@ -244,6 +244,12 @@ class History:
     (``None`` without one, or when it did not fit); the ``text`` and
     ``messages`` formats carry it in ``rendered`` and in a first ``system``
     message instead.
+
+    ``generation`` names the incarnation of the session this history was
+    read from (``None`` for an unknown session; see :attr:`Session.generation`):
+    a summary folded from this history is written with it, as
+    ``put_summary(..., expected_generation=history.generation)``, so that it
+    cannot land on a session cleared and started again under the same id.
     """
 
     session_id: str
@@ -261,6 +267,7 @@ class History:
     turns: Optional[List[Turn]] = None
     summary: Optional[Summary] = None
     unsummarized: Optional[Unsummarized] = None
+    generation: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> History:
@@ -288,6 +295,7 @@ class History:
             turns=None if turns is None else [Turn.from_json(t) for t in turns],
             summary=None if summary is None else Summary.from_json(summary),
             unsummarized=None if unsummarized is None else Unsummarized.from_json(unsummarized),
+            generation=data.get("generation"),
         )
 
     def chat_messages(self) -> List[Message]:
@@ -370,6 +378,11 @@ class Session:
 
     ``expires_at`` is when the session expires unless written to again
     (starts and finalizes slide it; reads and aborts do not).
+
+    ``generation`` names this incarnation of the session id (opaque, the
+    same in every read of it): a session cleared, erased or expired and then
+    started again under the same id has another. Summary writes can require
+    it (``put_summary(..., expected_generation=...)``).
     """
 
     session_id: str
@@ -379,6 +392,7 @@ class Session:
     expires_at: datetime
     turn_count: int
     pending_count: int
+    generation: str
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Session:
@@ -390,6 +404,7 @@ class Session:
             expires_at=parse_datetime(data["expires_at"]),
             turn_count=data["turn_count"],
             pending_count=data["pending_count"],
+            generation=data["generation"],
         )
 
 

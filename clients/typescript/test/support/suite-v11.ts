@@ -370,6 +370,117 @@ export function v11Suites(context: SuiteContext): void {
       );
       assert.equal((await client().getSummary(sessionId)).summary, "theirs");
     });
+
+    it("names the session's generation in its histories and its info; another after a clear", async () => {
+      const sessionId = await context.sessionWith(["a1", "a2"]);
+      const { generation } = await client().getSession(sessionId);
+      assert.equal(typeof generation, "string");
+      assert.ok(generation.length > 0);
+      assert.equal((await client().getHistory(sessionId)).generation, generation);
+      assert.equal((await client().getHistory(sessionId, { summary: true, format: "turns" })).generation, generation);
+      const started = await client().startTurn({ sessionId, userQuery: "question 3", history: {} });
+      assert.equal(started.history.generation, generation);
+      // The same in every read of this incarnation, whatever was written since.
+      await client().finalizeTurn(sessionId, started.turn_id, "a3");
+      await client().putSummary(sessionId, { summary: "s", throughSeq: 1 });
+      assert.equal((await client().getSession(sessionId)).generation, generation);
+      assert.equal((await client().getHistory(sessionId, { summary: true })).generation, generation);
+      // An unknown session's history has none.
+      assert.equal((await client().getHistory(id("s"))).generation, null);
+
+      // Cleared and started again under the same id: another incarnation.
+      await client().clearSession(sessionId);
+      assert.equal((await client().getHistory(sessionId)).generation, null);
+      const again = await client().startTurn({ sessionId, userQuery: "question 1", history: {} });
+      const next = (await client().getSession(sessionId)).generation;
+      assert.notEqual(next, generation);
+      assert.equal(again.history.generation, next);
+      assert.equal((await client().getHistory(sessionId)).generation, next);
+    });
+
+    it("refuses a summary folded from a session cleared and started again since: 409, nothing written", async () => {
+      const sessionId = await context.sessionWith(["a1", "a2", "a3"]);
+      const read = await client().getHistory(sessionId, { summary: true, limit: 1 });
+      assert.deepEqual([read.unsummarized?.after_seq, read.unsummarized?.through_seq], [0, 2]);
+      await client().clearSession(sessionId);
+      for (const answer of ["b1", "b2", "b3"]) {
+        const started = await client().startTurn({ sessionId, userQuery: "another question" });
+        await client().finalizeTurn(sessionId, started.turn_id, answer);
+      }
+      // The new conversation looks the same to a summarizer; only the generation differs.
+      const now = await client().getHistory(sessionId, { summary: true, limit: 1 });
+      assert.deepEqual([now.unsummarized?.after_seq, now.unsummarized?.through_seq], [0, 2]);
+      assert.notEqual(now.generation, read.generation);
+
+      const stale = await turnstoreError(
+        client().putSummary(sessionId, {
+          summary: "a1 a2",
+          throughSeq: 2,
+          expectedThroughSeq: 0,
+          expectedGeneration: read.generation,
+        }),
+      );
+      assert.equal(stale.status, 409);
+      assert.equal(stale.code, "summary_conflict");
+      assert.match(stale.detail ?? "", /generation/);
+      assert.equal((await turnstoreError(client().getSummary(sessionId))).code, "summary_not_found");
+
+      const written = await client().putSummary(sessionId, {
+        summary: "b1 b2",
+        throughSeq: 2,
+        expectedThroughSeq: 0,
+        expectedGeneration: now.generation,
+      });
+      assert.deepEqual(await client().getSummary(sessionId), written);
+      // A generation is 1 to 64 characters.
+      const tooLong = await turnstoreError(
+        client().putSummary(sessionId, { summary: "s", throughSeq: 3, expectedGeneration: "g".repeat(65) }),
+      );
+      assert.equal(tooLong.status, 422);
+      assert.deepEqual(
+        tooLong.errors.map((e) => e.field),
+        ["expected_generation"],
+      );
+    });
+
+    it("returns a lost write to a generation, but not the same summary in a session started again", async () => {
+      const sessionId = await context.sessionWith(["a1", "a2"]);
+      const { generation } = await client().getHistory(sessionId);
+      const input = { summary: "s", throughSeq: 2, expectedThroughSeq: 0, expectedGeneration: generation };
+      const { client: lossy, faults } = context.faulty((_, index) => (index === 0 ? { kind: "lose-reply" } : undefined));
+      const written = await lossy.putSummary(sessionId, input);
+      // One history read gives the summary and the generation together.
+      assert.deepEqual(
+        faults.seen.map((r) => `${r.method} ${r.path.split("/").at(-1)}`),
+        ["PUT summary", "PUT summary", "GET history"],
+      );
+      assert.deepEqual(await client().getSummary(sessionId), written);
+
+      // The first attempt writes and its reply is lost; before the retry the
+      // session is cleared, started again, and given the very same summary.
+      await client().deleteSummary(sessionId);
+      const replacing = context.faulty((_, index) =>
+        index === 0
+          ? {
+              kind: "rewrite",
+              rewrite: async () => {
+                await client().clearSession(sessionId);
+                await client().importMessages(sessionId, { messages: TRANSCRIPT });
+                await client().putSummary(sessionId, { summary: "s", throughSeq: 2, expectedThroughSeq: 0 });
+                throw new TypeError("fetch failed", { cause: new Error("socket hang up (simulated)") });
+              },
+            }
+          : undefined,
+      );
+      const error = await turnstoreError(replacing.client.putSummary(sessionId, input));
+      assert.equal(error.code, "summary_conflict");
+      assert.equal(error.attempts, 2);
+      assert.deepEqual(
+        replacing.faults.seen.map((r) => r.method),
+        ["PUT", "PUT", "GET"],
+      );
+      assert.notEqual((await client().getSession(sessionId)).generation, generation);
+    });
   });
 
   describe("templates", () => {
