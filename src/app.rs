@@ -75,6 +75,7 @@ impl Application {
         let connections = ConnLimits {
             header_timeout: settings.header_timeout,
             idle_timeout: settings.idle_timeout,
+            write_timeout: settings.write_timeout,
             max_connections,
         };
         let summarizer = summarizer(&settings, &store, &metrics)?;

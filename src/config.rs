@@ -139,6 +139,18 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_EXPORT_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub export_timeout: Duration,
 
+    /// Exports streaming at once in this instance; one more is a 429
+    /// `too_many_exports` (with `Retry-After`). Each buffers about 1.5 MiB
+    /// at most, however slowly its client reads.
+    #[arg(long, env = "TURNSTORE_MAX_EXPORTS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub max_exports: u32,
+
+    /// A response being written (an export streaming, say) is cut when its
+    /// client accepts no byte for this long: a reader that stalls frees
+    /// its connection and its export.
+    #[arg(long, env = "TURNSTORE_WRITE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub write_timeout: Duration,
+
     /// A request's head (its line and headers) must arrive within this,
     /// counted from its first byte (from the connection's start for the
     /// first request); past it the connection is closed.

@@ -178,7 +178,7 @@ impl Metrics {
         let connections_closed = Family::<ClosedLabels, Counter>::default();
         registry.register(
             "connections_closed",
-            "Client connections the server closed: header_timeout, idle_timeout, evicted or refused (the connection cap)",
+            "Client connections the server closed: header_timeout, idle_timeout, write_timeout (a client that took no byte of a response), evicted or refused (the connection cap)",
             connections_closed.clone(),
         );
         let summarizer_runs = Family::<OutcomeLabels, Counter>::default();

@@ -6,7 +6,11 @@
 //!   request (a client that connects and sends nothing, or one header line
 //!   a second, is closed);
 //! - **idle timeout**: a keep-alive connection with no request in flight
-//!   is closed once it has been idle that long;
+//!   is closed once it has been idle that long (a response whose body is
+//!   still being written, a streaming export, counts as in flight);
+//! - **write timeout**: a connection whose client accepts no byte of a
+//!   response for that long is closed, in flight or not (a reader that
+//!   stalls an export frees it);
 //! - **connection cap**: at most `max_connections` are kept open (never
 //!   more than the process' file limit allows, less a reserve for Redis and
 //!   files). One more closes the connection idle the longest, preferring
@@ -26,6 +30,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::body::HttpBody;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -44,6 +49,7 @@ pub const FILE_RESERVE: u64 = 64;
 pub struct ConnLimits {
     pub header_timeout: Duration,
     pub idle_timeout: Duration,
+    pub write_timeout: Duration,
     pub max_connections: usize,
 }
 
@@ -217,6 +223,9 @@ struct Activity {
     /// When the first byte of the next request's head came, plus one; 0
     /// while none has.
     head_since: AtomicU64,
+    /// Since when a write waits for the client to take bytes, plus one; 0
+    /// while none does.
+    stalled_since: AtomicU64,
 }
 
 impl Activity {
@@ -227,7 +236,17 @@ impl Activity {
             requests: AtomicU64::new(0),
             idle_since: AtomicU64::new(0),
             head_since: AtomicU64::new(0),
+            stalled_since: AtomicU64::new(0),
         })
+    }
+
+    /// A write took bytes (`true`) or waits for the client (`false`).
+    fn wrote(&self, progressed: bool) {
+        if progressed {
+            self.stalled_since.store(0, Ordering::Relaxed);
+        } else if self.stalled_since.load(Ordering::Relaxed) == 0 {
+            self.stalled_since.store(self.now() + 1, Ordering::Relaxed);
+        }
     }
 
     fn now(&self) -> u64 {
@@ -255,12 +274,20 @@ impl Activity {
     }
 
     /// When the connection is to be closed if nothing changes, and why;
-    /// `None` while a request is in flight.
+    /// `None` while a request is in flight and its client takes what is
+    /// written.
     fn deadline(&self, limits: &ConnLimits) -> Option<(u64, &'static str)> {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let stalled = self.stalled_since.load(Ordering::Relaxed);
+        if stalled > 0 {
+            return Some((
+                (stalled - 1).saturating_add(ms(limits.write_timeout)),
+                "write_timeout",
+            ));
+        }
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let head = self.head_since.load(Ordering::Relaxed);
         let idle = self.idle_since.load(Ordering::Relaxed);
         Some(if head > 0 {
@@ -319,8 +346,15 @@ impl Connection {
             let router = router.clone();
             async move {
                 let res = router.oneshot(req.map(axum::body::Body::new)).await;
-                drop(busy);
-                res
+                // A body of known size is written at once; a stream (an
+                // export) keeps the request in flight until it ends.
+                Ok::<_, std::convert::Infallible>(match res {
+                    Ok(res) if res.body().size_hint().exact().is_none() => {
+                        res.map(|body| axum::body::Body::new(Streaming { body, _busy: busy }))
+                    }
+                    Ok(res) => res,
+                    Err(never) => match never {},
+                })
             }
         });
         let served = self.builder.serve_connection_with_upgrades(io, service);
@@ -415,7 +449,35 @@ impl Drop for Busy {
     }
 }
 
-/// A connection's stream, telling its activity when bytes arrive.
+/// A streaming response's body, holding its request in flight until it
+/// is written (or dropped with its connection).
+struct Streaming {
+    body: axum::body::Body,
+    _busy: Busy,
+}
+
+impl HttpBody for Streaming {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A connection's stream, telling its activity when bytes arrive and
+/// whether the client takes what is written.
 struct Watched {
     io: TcpStream,
     activity: Arc<Activity>,
@@ -442,7 +504,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.activity.wrote(polled.is_ready());
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -458,7 +522,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.activity.wrote(polled.is_ready());
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -521,6 +587,7 @@ mod tests {
         let limits = ConnLimits {
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
             max_connections: 1,
         };
         let a = Activity::new();
@@ -535,5 +602,21 @@ mod tests {
         let (at, why) = a.deadline(&limits).unwrap();
         assert_eq!(why, "header_timeout");
         assert!(at >= idle + 10_000 && at < idle + 60_000);
+        // A write the client does not take: due at the write timeout, in
+        // flight or not; taking bytes again lifts it.
+        a.request_started();
+        a.wrote(false);
+        let stalled = a.stalled_since.load(Ordering::Relaxed) - 1;
+        assert_eq!(
+            a.deadline(&limits),
+            Some((stalled + 30_000, "write_timeout"))
+        );
+        a.wrote(false);
+        assert_eq!(
+            a.deadline(&limits),
+            Some((stalled + 30_000, "write_timeout"))
+        );
+        a.wrote(true);
+        assert_eq!(a.deadline(&limits), None);
     }
 }

@@ -47,10 +47,11 @@ pub enum ProblemCode {
     SummaryNotFound,
     TemplateNotFound,
     TemplateError,
+    TooManyExports,
 }
 
 impl ProblemCode {
-    pub const ALL: [ProblemCode; 20] = [
+    pub const ALL: [ProblemCode; 21] = [
         ProblemCode::ValidationFailed,
         ProblemCode::PayloadTooLarge,
         ProblemCode::Unauthorized,
@@ -71,6 +72,7 @@ impl ProblemCode {
         ProblemCode::SummaryNotFound,
         ProblemCode::TemplateNotFound,
         ProblemCode::TemplateError,
+        ProblemCode::TooManyExports,
     ];
 
     pub fn name(self) -> &'static str {
@@ -96,6 +98,7 @@ impl ProblemCode {
             SummaryNotFound => "summary_not_found",
             TemplateNotFound => "template_not_found",
             TemplateError => "template_error",
+            TooManyExports => "too_many_exports",
         }
     }
 
@@ -203,6 +206,11 @@ impl ProblemCode {
                 "Template failed",
                 "the template failed while rendering this history",
             ),
+            TooManyExports => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many exports",
+                "this instance streams as many exports as allowed (TURNSTORE_MAX_EXPORTS); retry after Retry-After seconds",
+            ),
         }
     }
 
@@ -222,6 +230,8 @@ pub enum ApiError {
     StoreUnready(String),
     /// 429 `too_many_pending_turns`, with `Retry-After`.
     TooManyPendingTurns { retry_after: std::time::Duration },
+    /// 429 `too_many_exports`, with `Retry-After`.
+    TooManyExports { retry_after: std::time::Duration },
     /// 409 `summary_conflict`, saying what the stored summary covers.
     SummaryConflict { stored: u64 },
     /// 409 `summary_conflict`: the session is not the generation the
@@ -273,6 +283,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => ProblemCode::PayloadTooLarge,
             ApiError::StoreUnready(_) => ProblemCode::StoreUnavailable,
             ApiError::TooManyPendingTurns { .. } => ProblemCode::TooManyPendingTurns,
+            ApiError::TooManyExports { .. } => ProblemCode::TooManyExports,
             ApiError::SummaryConflict { .. } | ApiError::SessionReplaced => {
                 ProblemCode::SummaryConflict
             }
@@ -308,7 +319,9 @@ impl ApiError {
                     .to_owned(),
                 None,
             ),
-            ApiError::TooManyPendingTurns { .. } | ApiError::Code(_) => (detail.to_owned(), None),
+            ApiError::TooManyPendingTurns { .. }
+            | ApiError::TooManyExports { .. }
+            | ApiError::Code(_) => (detail.to_owned(), None),
         };
         Problem {
             kind: format!("urn:turnstore:problem:{}", code.name()),
@@ -330,7 +343,8 @@ impl From<ProblemCode> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let retry_after = match &self {
-            ApiError::TooManyPendingTurns { retry_after } => {
+            ApiError::TooManyPendingTurns { retry_after }
+            | ApiError::TooManyExports { retry_after } => {
                 Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
             }
             _ => None,

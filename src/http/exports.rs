@@ -3,11 +3,15 @@
 //!
 //! A task reads the sessions page by page (the user's list, then each
 //! session's turns oldest first, at most `PAGE_BYTES` of texts a call) and
-//! sends the lines in chunks through a channel of `CHANNEL` chunks: it
-//! waits while the client reads slowly, so at most a few pages are in
-//! memory. A store failure or the export's deadline ends the body with an
-//! error: the connection is closed before the chunked body's end, so a
-//! client sees a cut export as a transport error, never as a short one.
+//! sends the lines in chunks of about `CHUNK_BYTES` through a channel of
+//! `CHANNEL` chunks: it waits while the client reads slowly, so an export
+//! holds one page and a few chunks (about 1.5 MiB) whatever its client
+//! does. At most `TURNSTORE_MAX_EXPORTS` stream at once (429 past it); a
+//! client that takes no byte for `TURNSTORE_WRITE_TIMEOUT` is cut off
+//! (`server.rs`), which frees its export. A store failure or the export's
+//! deadline ends the body with an error: the connection is closed before
+//! the chunked body's end, so a client sees a cut export as a transport
+//! error, never as a short one.
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -19,7 +23,7 @@ use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use utoipa::ToSchema;
 
 use super::AppState;
-use super::error::{ApiError, ProblemCode};
+use super::error::ApiError;
 use super::extract::NoQuery;
 use super::history::{Summary, Turn};
 use super::users::UserPath;
@@ -33,8 +37,11 @@ const SESSIONS_PAGE: usize = 100;
 /// Turns, and bytes of their texts, read a call.
 const PAGE_TURNS: usize = 256;
 const PAGE_BYTES: u64 = 1024 * 1024;
-/// Chunks waiting for the client.
+/// Chunks waiting for the client, and the size a chunk is sent at.
 const CHANNEL: usize = 2;
+const CHUNK_BYTES: usize = 128 * 1024;
+/// When to try again after a 429: an export takes seconds to minutes.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One line of an export: a session and its turns, oldest first.
 #[derive(Debug, Serialize, ToSchema)]
@@ -92,13 +99,14 @@ pub async fn export(
     _: NoQuery,
 ) -> Result<Response, ApiError> {
     let (user,) = (path.user_id(),).all()?;
-    // The stream outlives the handler: it holds its own place among the
-    // requests in flight.
+    // The stream outlives the handler: it holds a place among the exports.
     let permit = app
-        .in_flight
+        .exports
         .clone()
         .try_acquire_owned()
-        .map_err(|_| ProblemCode::Overloaded)?;
+        .map_err(|_| ApiError::TooManyExports {
+            retry_after: RETRY_AFTER,
+        })?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(CHANNEL);
     let deadline = app.settings.export_timeout;
     let store = app.store.clone();
@@ -217,8 +225,10 @@ async fn write_session(
             let turn = Turn::from(t);
             serde_json::to_writer(&mut chunk, &turn)
                 .map_err(|e| Stop::Store(StoreError::Corrupt(e.to_string())))?;
+            if chunk.len() >= CHUNK_BYTES {
+                send(tx, std::mem::take(&mut chunk)).await?;
+            }
         }
-        send(tx, std::mem::take(&mut chunk)).await?;
     }
     chunk.extend_from_slice(b"]}\n");
     send(tx, chunk).await

@@ -53,6 +53,9 @@ pub struct AppState {
     api_key_digests: Arc<Vec<[u8; 32]>>,
     /// Permits for API requests in flight; none left means shed the request.
     in_flight: Arc<Semaphore>,
+    /// Permits for exports streaming (`TURNSTORE_MAX_EXPORTS`): a stream
+    /// outlives its handler, and takes one of these instead.
+    exports: Arc<Semaphore>,
     /// The built-in templates and the operator's, loaded at start.
     pub templates: Arc<Templates>,
     /// The server-side summarizer, when configured.
@@ -71,6 +74,7 @@ impl AppState {
         AppState {
             store,
             in_flight: Arc::new(Semaphore::new(settings.max_concurrency as usize)),
+            exports: Arc::new(Semaphore::new(settings.max_exports as usize)),
             settings: Arc::new(settings),
             metrics,
             api_key_digests: Arc::new(api_key_digests),

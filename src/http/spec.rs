@@ -174,7 +174,7 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
     ),
     ("delete_summary", &[]),
     ("list_user_sessions", &[]),
-    ("export", &[]),
+    ("export", &[ProblemCode::TooManyExports]),
     ("erase_user", &[]),
 ];
 
@@ -347,10 +347,19 @@ fn shared_response(codes: &[ProblemCode]) -> Value {
             }
         }
     });
-    if codes.contains(&ProblemCode::TooManyPendingTurns) {
+    let retry_after = if codes.contains(&ProblemCode::TooManyPendingTurns) {
+        Some(
+            "Seconds until the oldest pending turn expires (a finalize or abort frees a place sooner)",
+        )
+    } else if codes.contains(&ProblemCode::TooManyExports) {
+        Some("Seconds to wait before asking again (an export frees its place when it ends)")
+    } else {
+        None
+    };
+    if let Some(description) = retry_after {
         response["headers"] = json!({
             "Retry-After": {
-                "description": "Seconds until the oldest pending turn expires (a finalize or abort frees a place sooner)",
+                "description": description,
                 "schema": {"type": "integer", "minimum": 1},
             }
         });

@@ -52,6 +52,7 @@ mod imports;
 mod model;
 mod pending;
 mod reads;
+mod streams;
 mod summaries;
 mod summarizer;
 mod templates;

@@ -668,7 +668,7 @@ export interface components {
          *     (one place: the responses and the OpenAPI document both read them here).
          * @enum {string}
          */
-        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error";
+        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error" | "too_many_exports";
         /**
          * @description Writes the session's summary.
          * @example {
@@ -1075,6 +1075,17 @@ export interface components {
         /** @description `template_not_found`: no template has this name: the built-ins are xml and markdown, others come from TURNSTORE_TEMPLATES_DIR. */
         TemplateNotFound: {
             headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `too_many_exports`: this instance streams as many exports as allowed (TURNSTORE_MAX_EXPORTS); retry after Retry-After seconds. */
+        TooManyExports: {
+            headers: {
+                /** @description Seconds to wait before asking again (an export frees its place when it ends) */
+                "Retry-After"?: number;
                 [name: string]: unknown;
             };
             content: {
@@ -1570,6 +1581,7 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             422: components["responses"]["ValidationFailed"];
+            429: components["responses"]["TooManyExports"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
         };
