@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::server::{self, ConnLimits};
 use crate::store::redis::LayoutError;
 use crate::store::{Limits, MemoryStore, Metered, RedisStore, Store};
-use crate::summarizer::llm::{LlmClient, LlmConfig};
+use crate::summarizer::llm::{LlmClient, LlmConfig, words_within};
 use crate::summarizer::{Plan, Summarizer};
 
 pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
@@ -130,6 +130,13 @@ impl Application {
     }
 }
 
+/// The tokens a summarizer's summary may take: its share of a default
+/// history's budget.
+fn summary_budget(settings: &Settings) -> u32 {
+    let share = u64::from(settings.history_max_tokens) * u64::from(settings.summary_share) / 100;
+    u32::try_from(share).unwrap_or(u32::MAX).max(1)
+}
+
 /// The server-side summarizer the settings configure, if any.
 fn summarizer(
     settings: &Settings,
@@ -148,6 +155,8 @@ fn summarizer(
     config.timeout = settings.summarizer_timeout;
     config.max_retries = settings.summarizer_max_retries;
     config.max_summary_bytes = settings.max_summary_bytes as usize;
+    let max_summary_tokens = summary_budget(settings);
+    config.max_summary_words = words_within(config.max_summary_bytes, Some(max_summary_tokens));
     if let Some(path) = &settings.summarizer_prompt_file {
         config.prompt = std::fs::read_to_string(path).map_err(|e| {
             format!(
@@ -170,6 +179,7 @@ fn summarizer(
         after_tokens: settings.summarize_after_tokens,
         concurrency: settings.summarizer_concurrency as usize,
         encoding: settings.encoding,
+        max_summary_tokens,
     };
     let store: Arc<dyn Store> = store.clone();
     Ok(Some(Arc::new(Summarizer::new(

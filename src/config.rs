@@ -213,6 +213,13 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_SUMMARIZER_MAX_RETRIES", default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=10))]
     pub summarizer_max_retries: u32,
 
+    /// The share of `TURNSTORE_HISTORY_MAX_TOKENS` (percent) a summary the
+    /// summarizer writes may take: its prompt asks for that much, and a
+    /// longer answer is a failure (nothing written), so that a default
+    /// `summary=true` history keeps room for turns.
+    #[arg(long, env = "TURNSTORE_SUMMARY_SHARE", default_value_t = 25, value_parser = clap::value_parser!(u32).range(1..=90))]
+    pub summary_share: u32,
+
     /// Summarizations at once in this instance; more wait for a later
     /// finalize.
     #[arg(long, env = "TURNSTORE_SUMMARIZER_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]

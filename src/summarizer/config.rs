@@ -35,6 +35,9 @@ pub struct LlmConfig {
     pub prompt: String,
     /// A longer summary is refused, not cut: a cut summary loses its end.
     pub max_summary_bytes: usize,
+    /// The length the prompt asks for, in words (a budget in tokens is
+    /// enforced where the summary is counted).
+    pub max_summary_words: usize,
     /// The first backoff between attempts.
     pub backoff: Duration,
 }
@@ -50,6 +53,7 @@ impl LlmConfig {
             max_retries: DEFAULT_MAX_RETRIES,
             prompt: DEFAULT_PROMPT.to_string(),
             max_summary_bytes: DEFAULT_MAX_SUMMARY_BYTES,
+            max_summary_words: words_within(DEFAULT_MAX_SUMMARY_BYTES, None),
             backoff: DEFAULT_BACKOFF,
         }
     }
@@ -66,9 +70,24 @@ impl fmt::Debug for LlmConfig {
             .field("max_retries", &self.max_retries)
             .field("prompt", &format_args!("<{} bytes>", self.prompt.len()))
             .field("max_summary_bytes", &self.max_summary_bytes)
+            .field("max_summary_words", &self.max_summary_words)
             .field("backoff", &self.backoff)
             .finish()
     }
+}
+
+/// Bytes per word assumed when telling the model its length limit: generous,
+/// since the limit is enforced in bytes and non-Latin scripts take more.
+const BYTES_PER_WORD: usize = 8;
+
+/// Words to ask for so that a summary stays within `bytes` and, when
+/// given, `tokens`: half a word a token, as languages other than English
+/// take up to two tokens a word.
+pub fn words_within(bytes: usize, tokens: Option<u32>) -> usize {
+    let by_bytes = bytes / BYTES_PER_WORD;
+    tokens
+        .map_or(by_bytes, |t| by_bytes.min(t as usize / 2))
+        .max(1)
 }
 
 /// Settings that cannot work, found when the client is built rather than at
@@ -83,4 +102,18 @@ pub enum LlmConfigError {
     Zero,
     #[error("the summarizer's HTTP client could not start: {0}")]
     Client(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_words_asked_for_fit_the_bytes_and_the_tokens() {
+        assert_eq!(words_within(32 * 1024, None), 4096);
+        // The default read budget's quarter: 1,024 tokens.
+        assert_eq!(words_within(32 * 1024, Some(1024)), 512);
+        assert_eq!(words_within(800, Some(100_000)), 100);
+        assert_eq!(words_within(8, Some(1)), 1);
+    }
 }

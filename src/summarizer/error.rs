@@ -82,6 +82,10 @@ pub enum Garbage {
     Truncated,
     #[error("summary of {bytes} bytes, over the limit of {max}")]
     TooLong { bytes: usize, max: usize },
+    /// More tokens than its share of a default history
+    /// (`TURNSTORE_SUMMARY_SHARE`).
+    #[error("summary of {tokens} tokens, over its share of a history ({max})")]
+    OverBudget { tokens: u32, max: u32 },
     /// The response body itself, read only up to a bound.
     #[error("response body over {max} bytes")]
     TooLarge { max: usize },
@@ -97,6 +101,7 @@ impl Garbage {
             Garbage::EmptyContent => "empty_content",
             Garbage::Truncated => "truncated",
             Garbage::TooLong { .. } => "too_long",
+            Garbage::OverBudget { .. } => "over_budget",
             Garbage::TooLarge { .. } => "too_large",
         }
     }

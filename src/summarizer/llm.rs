@@ -21,7 +21,7 @@ use super::retry;
 pub use super::chat::{DEFAULT_PROMPT, Summary};
 pub use super::config::{
     DEFAULT_BACKOFF, DEFAULT_MAX_RETRIES, DEFAULT_MAX_SUMMARY_BYTES, DEFAULT_TIMEOUT, LlmConfig,
-    LlmConfigError,
+    LlmConfigError, words_within,
 };
 pub use super::error::{Garbage, LlmError};
 
@@ -120,7 +120,7 @@ impl LlmClient {
             &self.config.prompt,
             previous,
             turns,
-            self.config.max_summary_bytes,
+            self.config.max_summary_words,
         );
         let body = Bytes::from(request.to_string());
         let deadline = Instant::now() + self.max_duration;

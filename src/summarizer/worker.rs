@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 
-use super::llm::{LlmClient, LlmError};
+use super::llm::{Garbage, LlmClient, LlmError};
 use crate::domain::SessionId;
-use crate::history::Options;
+use crate::history::{MESSAGE_OVERHEAD, Options};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, SummaryWrite};
 use crate::tokens::{Encoding, SummaryTokens};
@@ -50,6 +50,9 @@ pub struct Plan {
     pub after_tokens: u32,
     pub concurrency: usize,
     pub encoding: Encoding,
+    /// A summary may take this many tokens of a default history
+    /// (`TURNSTORE_SUMMARY_SHARE`), as its `text` block or its message.
+    pub max_summary_tokens: u32,
 }
 
 pub struct Summarizer {
@@ -256,6 +259,15 @@ impl Summarizer {
                 Ok(c) => c,
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             };
+        // A summary a default history cannot hold with turns beside it
+        // would crowd them out, and then be folded into again and again.
+        let takes = counts.alone.max(counts.message + MESSAGE_OVERHEAD);
+        if takes > self.plan.max_summary_tokens {
+            return Err(Failure::Llm(LlmError::Garbage(Garbage::OverBudget {
+                tokens: takes,
+                max: self.plan.max_summary_tokens,
+            })));
+        }
         let written = self
             .store
             .put_summary(SummaryWrite {

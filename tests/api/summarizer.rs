@@ -25,6 +25,7 @@ conformance!(
     the_summarizer_lock_expires_and_only_its_holder_releases_it,
     a_long_backlog_is_folded_over_several_runs,
     a_fold_never_lands_on_a_session_started_again,
+    a_summary_over_its_share_of_a_history_is_refused,
 );
 
 mod shared {
@@ -593,4 +594,36 @@ async fn a_fold_never_lands_on_a_session_started_again(backend: Backend) {
 /// times (about: the test's threshold needs no more).
 fn count_block(word: &str, n: usize) -> u32 {
     crate::support::count("o200k_base", &word.repeat(n)) as u32
+}
+
+async fn a_summary_over_its_share_of_a_history_is_refused(backend: Backend) {
+    // A model answering 24 KB (about 5,000 tokens) where a default history
+    // holds 4,096 tokens and a summary may take a quarter.
+    let fake = FakeLlm::start();
+    let url = fake.url("mode=garbage&kind=long&bytes=24000&unit=Summary+words+");
+    let app = summarizing(backend, url, 1, 1).await;
+    let s = sid();
+    complete(&app, &s, 1..=3).await;
+
+    eventually("the long answer is counted as a failure", || async {
+        let failed = app
+            .metric(r#"turnstore_summarizer_failures_total{kind="garbage"}"#)
+            .await;
+        (failed >= 1.0).then_some(())
+    })
+    .await;
+    assert!(summary(&app, &s).await.is_none(), "nothing is written");
+    let h = app.history_ok(&s, "summary=true").await;
+    assert_eq!(
+        h["included_turns"], 1,
+        "a default read keeps its turns: {h}"
+    );
+    assert_eq!(
+        app.metric(r#"turnstore_summarizer_runs_total{outcome="written"}"#)
+            .await,
+        0.0
+    );
+    // The prompt asked for what fits: 1,024 tokens, half a word each.
+    let sent = last_user_message(&fake).await;
+    assert!(sent.ends_with("at most about 512 words."), "{sent}");
 }
