@@ -18,6 +18,7 @@ use super::valid::{AllValid, optional};
 use crate::config::Settings;
 use crate::domain::{FinalAnswer, TextError, TurnId, UserQuery};
 use crate::domain::{IdempotencyKey, SessionId, UserId};
+use crate::store::counting::in_slices;
 use crate::store::{Import, ImportedTurn};
 use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::now_millis;
@@ -285,24 +286,19 @@ pub async fn import(
 ) -> Result<Response, ApiError> {
     let v = Valid::parse(&path, &headers, body, &app.settings)?;
     let encoding = app.settings.encoding;
-    let pairs = v.pairs;
-    let turns = match tokio::task::spawn_blocking(move || {
-        pairs
-            .into_iter()
-            .map(|(q, a)| ImportedTurn {
-                turn_id: TurnId::generate(),
-                query_tokens: QueryTokens::count(encoding, q.as_str()),
-                answer_tokens: AnswerTokens::count(encoding, a.as_str()),
-                user_query: q.into_string(),
-                final_answer: a.into_string(),
-            })
-            .collect::<Vec<_>>()
-    })
-    .await
-    {
-        Ok(turns) => turns,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    };
+    // Counted a slice at a time: a request that times out stops counting.
+    let turns = in_slices(
+        v.pairs,
+        |(q, a)| q.as_str().len() + a.as_str().len(),
+        move |(q, a)| ImportedTurn {
+            turn_id: TurnId::generate(),
+            query_tokens: QueryTokens::count(encoding, q.as_str()),
+            answer_tokens: AnswerTokens::count(encoding, a.as_str()),
+            user_query: q.into_string(),
+            final_answer: a.into_string(),
+        },
+    )
+    .await;
     let key = v.idempotency.as_ref();
     let imported = app
         .store

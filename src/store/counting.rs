@@ -116,6 +116,37 @@ pub(crate) async fn offer_all(
     sel
 }
 
+/// Maps `items` with `f` on the blocking pool, in slices of at most
+/// [`SLICE_TURNS`] items and [`SLICE_BYTES`] bytes (as `bytes` measures
+/// them): a request dropped at its timeout stops within a slice, where one
+/// blocking task would count on (an import's texts are counted so).
+pub(crate) async fn in_slices<T, U, F>(items: Vec<T>, bytes: fn(&T) -> usize, f: F) -> Vec<U>
+where
+    T: Send + 'static,
+    U: Send + 'static,
+    F: Fn(T) -> U + Clone + Send + 'static,
+{
+    let mut out = Vec::with_capacity(items.len());
+    let mut rest = items.into_iter().peekable();
+    while rest.peek().is_some() {
+        let (mut slice, mut size) = (Vec::new(), 0);
+        while slice.len() < SLICE_TURNS && size < SLICE_BYTES {
+            let Some(item) = rest.next() else { break };
+            size += bytes(&item);
+            slice.push(item);
+        }
+        let f = f.clone();
+        match tokio::task::spawn_blocking(move || slice.into_iter().map(f).collect::<Vec<U>>())
+            .await
+        {
+            Ok(done) => out.extend(done),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => panic!("the runtime shut down during a count"),
+        }
+    }
+    out
+}
+
 /// Runs `work` on `sel` on the blocking pool. A panic there is raised
 /// again here, as if it had happened in the request's task.
 async fn blocking(mut sel: Picker, work: impl FnOnce(&mut Picker) + Send + 'static) -> Picker {

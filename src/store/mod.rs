@@ -2,7 +2,7 @@
 //! Handlers only ever talk to `dyn Store`; the same HTTP suite runs on each,
 //! and a property test runs random operations on both and compares them.
 
-mod counting;
+pub(crate) mod counting;
 mod memory;
 mod metered;
 pub mod redis;

@@ -350,3 +350,76 @@ async fn the_connection_cap_makes_slow_heads_piling_up_give_way() {
         "{still_open} slow heads kept past a cap of 16"
     );
 }
+
+/// Imports whose texts take the tokenizer seconds (answers of one long
+/// whitespace run), cut by a short request timeout: once they have
+/// answered 503, the service stops counting them (within a slice) instead
+/// of burning CPU for texts nobody will store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_stop_counting_at_the_request_timeout() {
+    // Arrange
+    let ts = Turnstore::spawn(&[
+        ("TURNSTORE_REQUEST_TIMEOUT", "300ms".to_string()),
+        ("TURNSTORE_MAX_BODY_BYTES", (8 << 20).to_string()),
+    ]);
+    let (http, base) = (client(), ts.base());
+    let answer = format!("a{}\n", " ".repeat(131_000));
+    let messages: Vec<Value> = (0..20)
+        .flat_map(|_| {
+            [
+                json!({"role": "user", "content": "q"}),
+                json!({"role": "assistant", "content": answer}),
+            ]
+        })
+        .collect();
+    let body = json!({ "messages": messages });
+
+    // Act: four at once, each seconds of counting.
+    let imports: Vec<_> = (0..4)
+        .map(|i| {
+            let (http, base, body) = (http.clone(), base.clone(), body.clone());
+            tokio::spawn(async move {
+                let res = http
+                    .post(format!("{base}/v1/sessions/import-{i}/import"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = res.status().as_u16();
+                let body: Value = res.json().await.unwrap();
+                (status, body["code"].clone())
+            })
+        })
+        .collect();
+    for i in imports {
+        assert_eq!(
+            i.await.unwrap(),
+            (503, json!("request_timeout")),
+            "{}",
+            ts.log()
+        );
+    }
+    // The slices under way end (each under a second here); then the
+    // process is idle. CPU time, a quarter of a second at a time.
+    let mut windows = vec![];
+    for _ in 0..8 {
+        let before = ts.cpu_seconds();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        windows.push(ts.cpu_seconds() - before);
+    }
+    let spent: f64 = windows[4..].iter().sum();
+
+    // Assert
+    assert!(
+        spent < 0.25,
+        "{spent:.2} s of CPU a second after the imports ended ({windows:?})"
+    );
+    for i in 0..4 {
+        let res = http
+            .get(format!("{base}/v1/sessions/import-{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 404, "a timed-out import wrote nothing");
+    }
+}

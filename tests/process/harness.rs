@@ -665,6 +665,18 @@ impl Turnstore {
         self.log.lock().unwrap().clone()
     }
 
+    /// CPU time the process has used so far (user and system), from
+    /// `/proc/<pid>/stat`.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // After the command's name in parentheses: state is field 3, utime 14.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = rest.split(' ').collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf only reads a constant of the system.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+
     /// Kills the process outright, as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
