@@ -15,6 +15,7 @@ conformance!(
     imports_are_retry_safe_with_a_key,
     imports_append_claim_and_trim_like_turns,
     a_users_sessions_are_exported_in_order_with_their_turns,
+    an_import_frees_what_it_trims_a_page_at_a_time,
 );
 
 impl TestApp {
@@ -342,4 +343,60 @@ async fn a_users_sessions_are_exported_in_order_with_their_turns(backend: Backen
         res.text().await.is_err(),
         "a cut export must not read as complete"
     );
+}
+
+/// `n` user/assistant pairs "q<i>" / "a<i>" from `from`.
+fn pairs(from: usize, n: usize) -> Vec<Value> {
+    (from..from + n)
+        .flat_map(|i| {
+            [
+                json!({"role": "user", "content": format!("q{i}")}),
+                json!({"role": "assistant", "content": format!("a{i}")}),
+            ]
+        })
+        .collect()
+}
+
+async fn an_import_frees_what_it_trims_a_page_at_a_time(backend: Backend) {
+    let app = TestApp::spawn_with(backend, |s| s.max_turns = 300).await;
+    let s = sid();
+    let first = app.import(&s, json!({"messages": pairs(1, 300)})).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let old = app
+        .history_ok(&s, "format=turns&limit=1&through_seq=1")
+        .await;
+    let oldest = old["turns"][0]["turn_id"].as_str().unwrap().to_owned();
+    let monitor = app.redis.as_ref().map(|r| r.monitor());
+
+    // 300 more: the 300 oldest go.
+    let res = app.import(&s, json!({"messages": pairs(301, 300)})).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+
+    let h = app
+        .history_ok(&s, "format=turns&limit=1000&max_tokens=10000000")
+        .await;
+    assert_eq!(h["total_turns"], 300);
+    assert_eq!(seqs(&h).first(), Some(&301));
+    assert_eq!(app.abort(&s, &oldest).await.status(), StatusCode::NOT_FOUND);
+    if backend != Backend::Memory {
+        // Every trimmed record is freed: one field a turn is left.
+        let key = format!("{}:{{{s}}}:r", app.settings.key_prefix);
+        let fields: u64 = app
+            .on_every_redis(&["HLEN", &key])
+            .iter()
+            .filter_map(|n| n.trim().parse::<u64>().ok())
+            .sum();
+        assert_eq!(fields, 300);
+    }
+    if let Some(monitor) = monitor {
+        // No call freed more than 128 turns' records (4 fields each).
+        let widest = monitor
+            .lines()
+            .iter()
+            .filter(|l| l.contains("lua]") && l.contains(r#""HDEL""#))
+            .map(|l| l.matches(r#"" ""#).count())
+            .max()
+            .unwrap_or(0);
+        assert!(widest <= 1 + 4 * 128, "an HDEL of {widest} arguments");
+    }
 }

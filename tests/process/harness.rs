@@ -350,6 +350,11 @@ pub struct Monitor {
 }
 
 impl Monitor {
+    /// The lines seen so far, as redis-cli prints them (after its `OK`).
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().iter().skip(1).cloned().collect()
+    }
+
     /// The commands seen so far, as `(source, NAME)`: the source is `lua`
     /// for a command a script ran, else the client's address.
     pub fn commands(&self) -> Vec<(String, String)> {

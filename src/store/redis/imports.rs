@@ -36,7 +36,40 @@ fn member(id: &crate::domain::TurnId, c: &TurnCosts) -> Vec<u8> {
     m
 }
 
+/// Records an import's trim leaves to its caller, freed a call at a time
+/// (`TRIM` in `lua/common.lua`).
+const TRIM: usize = 128;
+
 impl RedisStore {
+    /// Frees the records of the turns an import trimmed beyond the first
+    /// `TRIM` (`lua/forget_turns.lua`), `TRIM` a call. Should this stop
+    /// half way (logged: the import itself is written and answered), the
+    /// records stay until the session goes; no read finds them (they left
+    /// the turns), and a delete of one is a 404.
+    async fn free_trimmed(&self, session: &crate::domain::SessionId, trimmed: Value) {
+        if let Err(e) = self.free_pages(session, trimmed).await {
+            tracing::warn!(error = %e, "records an import trimmed stay until the session goes");
+        }
+    }
+
+    async fn free_pages(
+        &self,
+        session: &crate::domain::SessionId,
+        trimmed: Value,
+    ) -> Result<(), StoreError> {
+        let mut reply = Reply::array(trimmed)?;
+        let mut ids = Vec::new();
+        while let Ok(id) = reply.next() {
+            ids.push(Reply::bytes_of(id)?);
+        }
+        for page in ids.chunks(TRIM) {
+            let _: i64 = self
+                .run_session(&self.scripts.forget_turns, session.as_str(), page.to_vec())
+                .await?;
+        }
+        Ok(())
+    }
+
     pub(super) async fn import_turns(&self, req: Import<'_>) -> Result<Imported, StoreError> {
         let session = req.session_id;
         let (key, hash) = req
@@ -88,6 +121,7 @@ impl RedisStore {
                     if let (1, Some(owner)) = (r.int()?, &imported.user_id) {
                         self.move_to_top(owner, session, req.now).await;
                     }
+                    self.free_trimmed(session, r.next()?).await;
                     return Ok(imported);
                 }
                 "owner_mismatch" => return Err(StoreError::OwnerMismatch),

@@ -59,6 +59,7 @@ pub(super) struct Scripts {
     pub unsummarized: Script,
     pub import: Script,
     pub turns_page: Script,
+    pub forget_turns: Script,
     pub lock: Script,
 }
 
@@ -81,6 +82,7 @@ impl Scripts {
             unsummarized: session_script!("lua/unsummarized.lua"),
             import: session_script!("lua/import.lua"),
             turns_page: session_script!("lua/turns_page.lua"),
+            forget_turns: session_script!("lua/forget_turns.lua"),
             lock: Script::new(include_str!("lua/lock.lua")),
         }
     }

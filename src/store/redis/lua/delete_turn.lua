@@ -13,6 +13,8 @@ if is_pending(rec) then
 end
 local seq = string.match(rec, '^(%d+)')
 local members = redis.call('ZRANGEBYSCORE', KEYS[3], seq, seq)
+-- A record without its turn: trimmed by an import, not freed yet.
+if not (members[1] and string.sub(members[1], 1, ID) == tid) then return 'not_found' end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], seq, seq)
 local left = redis.call('HINCRBY', KEYS[1], 'n', -1)
 if members[1] then tally({members[1], seq}, -1, left) end

@@ -6,7 +6,8 @@
 -- three arguments a turn: its member without the seq (turn id .. COSTS),
 -- its question, its answer.
 -- Returns {'ok'|'replay', owner, first seq, last seq, 1 when the caller
---   must move the owner's index entry to the top (see activity)} |
+--   must move the owner's index entry to the top (see activity), the ids
+--   of trimmed turns whose records the caller frees (forget_turns.lua)} |
 --   {'owner_mismatch'}
 --   | {'idem_reused'} | {'need_index', user, min time}
 -- An import's key names the seqs it made ('import:<first> <last> <hash>')
@@ -21,7 +22,7 @@ if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
 if key ~= '' and meta[5] then
   local first, last, stored = string.match(meta[5], '^import:(%d+) (%d+) (%S+)$')
   if stored ~= hash then return {'idem_reused'} end
-  return {'replay', owner or '', tonumber(first), tonumber(last), 0}
+  return {'replay', owner or '', tonumber(first), tonumber(last), 0, {}}
 end
 
 local claim = (not owner) and user ~= ''
@@ -88,21 +89,23 @@ local count = tonumber(meta[6] or '0') + (seq - first + 1)
 set('n', count)
 redis.call('HSET', KEYS[1], unpack(fields))
 tally(added, 1, count)
--- The oldest go first; no more than this import brought.
+-- The oldest go first; no more than this import brought. They leave the
+-- turns at once (members are short); their records, up to 128 KiB and
+-- more each, are freed TRIM at a time: the first here, the rest by the
+-- caller (forget_turns.lua), so that no call frees a thousand of them.
+local left = {}
 local excess = count - max_turns
 if excess > 0 then
   local old = redis.call('ZPOPMIN', KEYS[3], excess)
   local ids = {}
   for i = 1, #old, 2 do
-    ids[#ids + 1] = string.sub(old[i], 1, ID)
-    if #ids == 1000 or i + 2 > #old then
-      forget(ids, meta[3] or key ~= '')
-      count = count - #ids
-      ids = {}
-    end
+    local id = string.sub(old[i], 1, ID)
+    if #ids < TRIM then ids[#ids + 1] = id else left[#left + 1] = id end
   end
+  forget(ids, meta[3] or key ~= '')
+  count = count - #old / 2
   tally(old, -1, count)
   redis.call('HSET', KEYS[1], 'n', count)
 end
 touch(ttl)
-return {'ok', owner or '', first, seq, move}
+return {'ok', owner or '', first, seq, move, left}
