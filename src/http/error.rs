@@ -228,6 +228,8 @@ pub enum ApiError {
     PayloadTooLarge(String),
     /// 503 `store_unavailable` from `/readyz`, saying why (never a URL).
     StoreUnready(String),
+    /// 503 `store_unavailable` of a request, saying what kind of failure.
+    StoreUnavailable(&'static str),
     /// 429 `too_many_pending_turns`, with `Retry-After`.
     TooManyPendingTurns { retry_after: std::time::Duration },
     /// 429 `too_many_exports`, with `Retry-After`.
@@ -281,7 +283,9 @@ impl ApiError {
         match self {
             ApiError::Validation(_) => ProblemCode::ValidationFailed,
             ApiError::PayloadTooLarge(_) => ProblemCode::PayloadTooLarge,
-            ApiError::StoreUnready(_) => ProblemCode::StoreUnavailable,
+            ApiError::StoreUnready(_) | ApiError::StoreUnavailable(_) => {
+                ProblemCode::StoreUnavailable
+            }
             ApiError::TooManyPendingTurns { .. } => ProblemCode::TooManyPendingTurns,
             ApiError::TooManyExports { .. } => ProblemCode::TooManyExports,
             ApiError::SummaryConflict { .. } | ApiError::SessionReplaced => {
@@ -306,6 +310,7 @@ impl ApiError {
             ),
             ApiError::PayloadTooLarge(detail) | ApiError::StoreUnready(detail) => (detail, None),
             ApiError::Template(detail) => (detail, None),
+            ApiError::StoreUnavailable(detail) => (detail.to_owned(), None),
             ApiError::SummaryConflict { stored } => (
                 format!(
                     "the stored summary covers through seq {stored} (0: there is none); nothing was written"
@@ -389,9 +394,9 @@ impl From<StoreError> for ApiError {
                      may not cover a turn that may yet be finalized"
                 ),
             ),
-            StoreError::Unavailable(cause) => {
-                tracing::warn!(%cause, "store unavailable");
-                ProblemCode::StoreUnavailable.into()
+            StoreError::Unavailable(outage) => {
+                tracing::warn!(cause = %outage.said, class = outage.class.label(), "store unavailable");
+                ApiError::StoreUnavailable(outage.class.detail())
             }
             StoreError::Corrupt(cause) => {
                 tracing::error!(%cause, "unreadable store data");

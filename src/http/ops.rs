@@ -68,9 +68,9 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Json<Probe>, ApiError
         Ok(()) => Ok(Json(Probe {
             status: ProbeStatus::Ready,
         })),
-        Err(StoreError::Unavailable(cause)) => {
-            tracing::warn!(%cause, "not ready");
-            Err(ApiError::StoreUnready(cause))
+        Err(StoreError::Unavailable(outage)) => {
+            tracing::warn!(cause = %outage.said, "not ready");
+            Err(ApiError::StoreUnready(outage.said))
         }
         Err(e) => Err(e.into()),
     }

@@ -34,7 +34,7 @@ impl Metered {
         let result = work.await;
         // Outcomes of the contract (not found, owner mismatch…) are answers, not failures.
         let error = match &result {
-            Err(StoreError::Unavailable(_)) => Some("unavailable"),
+            Err(StoreError::Unavailable(o)) => Some(o.class.label()),
             Err(StoreError::Corrupt(_)) => Some("corrupt"),
             _ => None,
         };

@@ -373,9 +373,10 @@ pub enum StoreError {
         /// Until the oldest of them expires.
         retry_after: Duration,
     },
-    /// The store did not answer in time or refused the connection.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    /// The store could not serve the call: why, in words safe to show
+    /// an operator (never the store's own text, which is logged).
+    #[error("store unavailable: {}", .0.said)]
+    Unavailable(Outage),
     /// The store answered with something this version cannot read.
     #[error("unreadable store data: {0}")]
     Corrupt(String),
@@ -398,6 +399,87 @@ pub enum StoreError {
     /// The read's template failed while rendering.
     #[error("template: {0}")]
     Template(#[from] crate::history::template::TemplateError),
+}
+
+/// Why the store could not serve a call: its class (what a client is
+/// told, and the metrics' label) and what was found, for an operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outage {
+    pub class: OutageClass,
+    /// Our words, never the store's own text (which may quote data), nor
+    /// a URL (which may hold a password).
+    pub said: String,
+}
+
+impl Outage {
+    pub fn new(class: OutageClass, said: impl Into<String>) -> Self {
+        Outage {
+            class,
+            said: said.into(),
+        }
+    }
+}
+
+/// The classes of store failures a client can act on alike (retry later)
+/// and an operator apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutageClass {
+    /// No answer within `TURNSTORE_STORE_TIMEOUT`.
+    Timeout,
+    /// No connection: refused, reset, an unknown host, a TLS failure.
+    Unreachable,
+    /// The store refused the credentials (or a permission).
+    Auth,
+    /// The store is out of memory and refuses writes.
+    OutOfMemory,
+    /// The store answers but serves no commands now: loading, read-only,
+    /// failing over, busy.
+    NotServing,
+    /// Other writers kept changing what the call depends on (a user's
+    /// index); a retry is likely to pass.
+    Contended,
+    /// The stored data's layout is not this version's.
+    Layout,
+    /// Another error from the store.
+    Other,
+}
+
+impl OutageClass {
+    /// The metrics' label.
+    pub fn label(self) -> &'static str {
+        match self {
+            OutageClass::Timeout => "timeout",
+            OutageClass::Unreachable => "unreachable",
+            OutageClass::Auth => "auth",
+            OutageClass::OutOfMemory => "out_of_memory",
+            OutageClass::NotServing => "not_serving",
+            OutageClass::Contended => "contended",
+            OutageClass::Layout => "layout",
+            OutageClass::Other => "other",
+        }
+    }
+
+    /// What a client is told (a 503's detail).
+    pub fn detail(self) -> &'static str {
+        match self {
+            OutageClass::Timeout => {
+                "the store did not answer in time (a write may still be applied: retry a start or an import with its Idempotency-Key); retry later"
+            }
+            OutageClass::Unreachable => "the store cannot be reached; retry later",
+            OutageClass::Auth => "the store refused this service's credentials; retry later",
+            OutageClass::OutOfMemory => {
+                "the store is out of memory and refuses writes; nothing was written; retry later"
+            }
+            OutageClass::NotServing => {
+                "the store is not serving now (loading, read-only, failing over or busy); retry later"
+            }
+            OutageClass::Contended => "concurrent writes kept changing the user's index; retry",
+            OutageClass::Layout => {
+                "the store's data is in a layout this version does not serve; retry later"
+            }
+            OutageClass::Other => "the store answered with an error; retry later",
+        }
+    }
 }
 
 #[async_trait]

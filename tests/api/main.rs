@@ -50,6 +50,7 @@ mod cors;
 mod edge;
 mod imports;
 mod model;
+mod outages;
 mod pending;
 mod reads;
 mod streams;

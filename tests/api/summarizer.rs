@@ -434,8 +434,9 @@ async fn a_long_backlog_is_folded_over_several_runs(backend: Backend) {
     let app = summarizing(backend, fake.url("mode=ok"), 1, 1).await;
     let s = sid();
     // 40 turns of 16 KiB: 640 KiB to fold, more than one run takes
-    // (FOLD_BYTES, 256 KiB).
-    let big = "x".repeat(8 * 1024);
+    // (FOLD_BYTES, 256 KiB). Words: the fake's summary quotes the first
+    // five, which must stay within a summary's share of a history.
+    let big = "word ".repeat(8 * 1024 / 5);
     let messages: Vec<Value> = (1..=40)
         .flat_map(|i| {
             [

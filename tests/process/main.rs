@@ -452,7 +452,7 @@ async fn metrics_cover_requests_store_pool_turns_and_build() {
         .await
         .unwrap();
     assert!(
-        text.contains(r#"turnstore_store_errors_total{op="session_info",kind="unavailable"} 1"#),
+        text.contains(r#"turnstore_store_errors_total{op="session_info",kind="unreachable"} 1"#),
         "{text}"
     );
 }

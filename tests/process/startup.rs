@@ -67,6 +67,16 @@ async fn startup_and_readiness_name_what_is_wrong_with_redis() {
             "{url}: the log said\n{log}"
         );
         assert!(!log.contains("s3cret-pw") && !detail.contains("s3cret-pw"));
+        // Our words only: never Redis' (or the client library's) own text.
+        for theirs in [
+            "WRONGPASS",
+            "NOAUTH",
+            "invalid username-password",
+            "Password authentication failed",
+            "os error",
+        ] {
+            assert!(!detail.contains(theirs), "{url}: /readyz said {detail:?}");
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use redis::{
     Client, ConnectionAddr, IntoConnectionInfo, RedisError, RedisFuture, TlsCertificates, Value,
 };
 
-use crate::store::{PoolStatus, StoreError};
+use crate::store::{Outage, OutageClass, PoolStatus, StoreError};
 
 /// Where commands go. A cluster connection keeps a connection per node and
 /// follows MOVED/ASK by itself; it is made on first use and again after a
@@ -68,6 +68,21 @@ pub(super) enum Conn {
     Cluster(ClusterConnection),
 }
 
+impl Conn {
+    /// The same connection for one more call: a standalone connection
+    /// that failed is reconnecting, and the call waits for it. A cluster
+    /// connection that failed is replaced instead (`None`).
+    fn again(&self) -> Option<Conn> {
+        match self {
+            Conn::Standalone { conn, _in_flight } => Some(Conn::Standalone {
+                conn: conn.clone(),
+                _in_flight: InFlight::new(&_in_flight.0),
+            }),
+            Conn::Cluster(_) => None,
+        }
+    }
+}
+
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
         match self {
@@ -99,29 +114,76 @@ impl ConnectionLike for Conn {
 /// How a store-timeout error begins.
 const NO_ANSWER: &str = "Redis did not answer within";
 
-/// A Redis error in words an operator can act on, then as the client put it
-/// (neither holds the URL, which may hold a password).
-pub(super) fn cause(e: &RedisError) -> String {
+/// A Redis error as an outage: its class, and what it means in words an
+/// operator can act on. Redis' own text is logged (at debug: an outage
+/// fails every request), never returned: it may quote the data.
+pub(super) fn outage(e: &RedisError) -> Outage {
+    use OutageClass::*;
     let text = e.to_string();
+    tracing::debug!(error = %text, "a Redis call failed");
     let has = |s: &str| text.contains(s);
-    let what = if e.kind() == redis::ErrorKind::AuthenticationFailed || has("WRONGPASS") {
-        "authentication failed: wrong user or password in the Redis URL"
-    } else if has("NOAUTH") {
-        "authentication required: the Redis URL has no password"
+    let code = e.code().unwrap_or_default();
+    let (class, what) = if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || code == "WRONGPASS"
+        || has("WRONGPASS")
+    {
+        (
+            Auth,
+            "authentication failed: wrong user or password in the Redis URL",
+        )
+    } else if code == "NOAUTH" || has("NOAUTH") {
+        (
+            Auth,
+            "authentication required: the Redis URL has no password",
+        )
+    } else if code == "NOPERM" {
+        (Auth, "the Redis user lacks a permission turnstore needs")
+    } else if code == "OOM" {
+        (
+            OutOfMemory,
+            "out of memory: Redis refuses writes past its maxmemory",
+        )
+    } else if code == "READONLY" {
+        (NotServing, "read-only: the Redis URL names a replica")
+    } else if code == "LOADING" {
+        (NotServing, "loading: Redis is loading its data set")
+    } else if code == "BUSY" {
+        (NotServing, "busy: Redis is running a long script")
+    } else if ["MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"].contains(&code) {
+        (NotServing, "the Redis cluster is down or failing over")
     } else if has("failed to lookup address") {
-        "unknown host: the Redis host name does not resolve"
-    } else if has("Connection refused") {
-        "connection refused: nothing listens at the Redis address"
+        (
+            Unreachable,
+            "unknown host: the Redis host name does not resolve",
+        )
+    } else if has("Connection refused") || e.is_connection_refusal() {
+        (
+            Unreachable,
+            "connection refused: nothing listens at the Redis address",
+        )
     } else if has("certificate") || has("TLS") || has("tls") || has("handshake") {
-        "TLS handshake failed (a private CA needs TURNSTORE_REDIS_CA_FILE)"
+        (
+            Unreachable,
+            "TLS handshake failed (a private CA needs TURNSTORE_REDIS_CA_FILE)",
+        )
     } else if has("Connection reset") || has("Broken pipe") || has("end of file") {
-        "the server closed the connection: if it expects TLS, use rediss://"
+        (
+            Unreachable,
+            "the server closed the connection: if it expects TLS, use rediss://",
+        )
     } else if e.kind() == redis::ErrorKind::Parse {
-        "the server does not speak the Redis protocol: check the address, or use rediss:// if it expects TLS"
+        (
+            Unreachable,
+            "the server does not speak the Redis protocol: check the address, or use rediss:// if it expects TLS",
+        )
+    } else if e.is_timeout() {
+        (Timeout, "no answer in time")
+    } else if e.is_io_error() {
+        (Unreachable, "the connection failed")
     } else {
-        return format!("Redis: {text}");
+        return Outage::new(Other, format!("Redis answered an error ({})", e.category()));
     };
-    format!("Redis: {what} ({text})")
+    Outage::new(class, format!("Redis: {what}"))
 }
 
 /// Whether a plain Redis answers a PING at `host:port`.
@@ -216,7 +278,11 @@ impl Connections {
                     return Ok(Conn::Cluster(c.clone()));
                 }
                 let c = cluster.client.get_async_connection().await.map_err(|e| {
-                    StoreError::Unavailable(format!("no Redis Cluster connection: {}", cause(&e)))
+                    let o = outage(&e);
+                    StoreError::Unavailable(Outage::new(
+                        o.class,
+                        format!("no Redis Cluster connection: {}", o.said),
+                    ))
                 })?;
                 *slot = Some(c.clone());
                 Ok(Conn::Cluster(c))
@@ -238,16 +304,31 @@ impl Connections {
         matches!(self.target, Target::Cluster(_))
     }
 
-    /// Runs `f` on a connection, bounded by the store timeout.
-    pub async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    /// Runs `f` on a connection, bounded by the store timeout. When the
+    /// connection turns out dead (Redis restarted, say: a pooled
+    /// connection learns it at its next call), `f` runs once more on a
+    /// fresh one if `again` (it may run twice: it may have run already).
+    pub async fn with_conn<T, F, Fut>(&self, again: bool, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(Conn) -> Fut,
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         let work = async {
-            let conn = self.connection().await?;
-            f(conn).await.map_err(|e| {
-                if e.is_unrecoverable_error() {
+            let mut tries = if again { 2 } else { 1 };
+            let mut next = None;
+            loop {
+                tries -= 1;
+                let conn = match next.take() {
+                    Some(conn) => conn,
+                    None => self.connection().await?,
+                };
+                let same = conn.again();
+                let e = match f(conn).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) => e,
+                };
+                let dead = e.is_unrecoverable_error();
+                if dead {
                     self.forget_cluster_connection();
                 }
                 // A script that fails as it runs is a bug or data it
@@ -255,17 +336,21 @@ impl Connections {
                 // (A command refused inside a script, OOM say, keeps its
                 // own code and stays an outage.)
                 if e.detail().is_some_and(|d| d.starts_with("user_script:")) {
-                    return StoreError::Corrupt(format!("a script failed: {e}"));
+                    return Err(StoreError::Corrupt(format!("a script failed: {e}")));
                 }
-                StoreError::Unavailable(cause(&e))
-            })
+                if !(dead && tries > 0) {
+                    return Err(StoreError::Unavailable(outage(&e)));
+                }
+                next = same;
+                tracing::debug!(error = %e, "a Redis connection died: trying once more");
+            }
         };
         tokio::time::timeout(self.timeout, work)
             .await
             .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
-                    "{NO_ANSWER} {:?}",
-                    self.timeout
+                Err(StoreError::Unavailable(Outage::new(
+                    OutageClass::Timeout,
+                    format!("{NO_ANSWER} {:?}", self.timeout),
                 )))
             })
     }
@@ -274,7 +359,7 @@ impl Connections {
     /// plain TCP probe of the address finds: nothing there, a plain Redis
     /// where the URL asks for TLS, or a Redis that answers but slowly.
     pub async fn explain(&self, error: StoreError) -> StoreError {
-        let StoreError::Unavailable(said) = &error else {
+        let StoreError::Unavailable(Outage { class, said }) = &error else {
             return error;
         };
         let Target::Standalone(pool) = &self.target else {
@@ -296,15 +381,19 @@ impl Connections {
             (Ok(Err(_)), _) => "the address refuses connections",
             (Err(_), _) => "nothing answers at the address (a firewall dropping packets?)",
         };
-        StoreError::Unavailable(format!("{said}: {what}"))
+        StoreError::Unavailable(Outage::new(*class, format!("{said}: {what}")))
     }
 
     pub async fn query<T: redis::FromRedisValue + Send + 'static>(
         &self,
         cmd: redis::Cmd,
     ) -> Result<T, StoreError> {
-        self.with_conn(|mut conn| async move { cmd.query_async::<T>(&mut conn).await })
-            .await
+        // Every command sent so is a read or writes the same again.
+        self.with_conn(true, |mut conn| {
+            let cmd = cmd.clone();
+            async move { cmd.query_async::<T>(&mut conn).await }
+        })
+        .await
     }
 
     pub fn pool_status(&self) -> Option<PoolStatus> {

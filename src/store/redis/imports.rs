@@ -9,7 +9,7 @@ use super::reads::pack;
 use super::record::id_bytes;
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
-use crate::store::{Import, Imported, StoreError, ms};
+use crate::store::{Import, Imported, Outage, OutageClass, StoreError, ms};
 use crate::tokens::TurnCosts;
 use crate::turn::Millis;
 
@@ -135,8 +135,9 @@ impl RedisStore {
                 other => return Err(corrupt(format!("import status {other:?}"))),
             }
         }
-        Err(StoreError::Unavailable(
-            "the user index kept changing under this import".into(),
-        ))
+        Err(StoreError::Unavailable(Outage::new(
+            OutageClass::Contended,
+            "the user index kept changing under this import",
+        )))
     }
 }

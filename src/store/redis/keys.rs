@@ -33,6 +33,11 @@ impl Keys {
         format!("{}:u:{}", self.prefix, user)
     }
 
+    /// `P:ready`: what a readiness probe writes (a time, for seconds).
+    pub fn ready(&self) -> String {
+        format!("{}:ready", self.prefix)
+    }
+
     /// `P:layout`: the layout version.
     pub fn layout(&self) -> String {
         format!("{}:layout", self.prefix)

@@ -6,6 +6,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::RedisStore;
 use super::conn::{Conn, Target};
+use super::scripts::Lua;
 use crate::store::{INDEX_SKEW, StoreError, ms};
 use crate::turn::now_millis;
 
@@ -158,19 +159,22 @@ impl RedisStore {
             .arg(pattern)
             .arg("COUNT")
             .arg(BATCH);
-        let node = node.clone();
         self.conn
-            .with_conn(|conn| async move {
-                match (conn, node) {
-                    (Conn::Cluster(mut c), Some((host, port))) => {
-                        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                            host,
-                            port,
-                        });
-                        let v = c.route_command(cmd, routing).await?;
-                        Ok(redis::from_redis_value(v)?)
+            .with_conn(true, |conn| {
+                let (cmd, node) = (cmd.clone(), node.clone());
+                async move {
+                    match (conn, node) {
+                        (Conn::Cluster(mut c), Some((host, port))) => {
+                            let routing =
+                                RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                    host,
+                                    port,
+                                });
+                            let v = c.route_command(cmd, routing).await?;
+                            Ok(redis::from_redis_value(v)?)
+                        }
+                        (mut conn, _) => cmd.query_async(&mut conn).await,
                     }
-                    (mut conn, _) => cmd.query_async(&mut conn).await,
                 }
             })
             .await
@@ -276,7 +280,7 @@ impl RedisStore {
             changes: (0, m.changes),
             conflicts: 0,
         };
-        let script = redis::Script::new(m.script);
+        let script = Lua::once(redis::Script::new(m.script));
         let (old, new) = (session_suffixes(m.to - 1), session_suffixes(m.to));
         let prefix = self.keys.prefix();
         let pattern = format!("{prefix}:{{*}}:{}", old[0]);
@@ -343,11 +347,7 @@ impl RedisStore {
         Ok(report)
     }
 
-    async fn migrate_once(
-        &self,
-        script: &redis::Script,
-        keys: &[String],
-    ) -> Result<(u64, u64), StoreError> {
+    async fn migrate_once(&self, script: &Lua, keys: &[String]) -> Result<(u64, u64), StoreError> {
         self.invoke(script, keys, std::iter::empty::<Vec<u8>>())
             .await
     }
@@ -356,7 +356,7 @@ impl RedisStore {
     /// its owner before the last call (the index is never behind).
     async fn migrate_paged(
         &self,
-        script: &redis::Script,
+        script: &Lua,
         keys: &[String],
         session: &str,
     ) -> Result<u64, StoreError> {
@@ -386,11 +386,7 @@ impl RedisStore {
     }
 
     /// Runs a migration over a session's finalized turns a page a call.
-    async fn migrate_pages(
-        &self,
-        script: &redis::Script,
-        keys: &[String],
-    ) -> Result<u64, StoreError> {
+    async fn migrate_pages(&self, script: &Lua, keys: &[String]) -> Result<u64, StoreError> {
         let mut after = "0".to_owned();
         loop {
             let (status, next): (String, String) = self

@@ -35,8 +35,9 @@ use self::conn::Connections;
 use self::keys::Keys;
 use self::scripts::Scripts;
 use super::{
-    Erased, Finalized, Import, Imported, Limits, PoolStatus, SessionInfo, SessionsPage, StartTurn,
-    Started, Store, StoreError, StoredHistory, StoredSummary, SummaryWrite,
+    Erased, Finalized, Import, Imported, Limits, Outage, OutageClass, PoolStatus, SessionInfo,
+    SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, StoredSummary,
+    SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
@@ -105,7 +106,10 @@ impl RedisStore {
             Err(LayoutError::Store(e)) => Err(e),
             Err(e) => {
                 tracing::error!(error = %e, "cannot serve this Redis data");
-                Err(StoreError::Unavailable(e.to_string()))
+                Err(StoreError::Unavailable(Outage::new(
+                    OutageClass::Layout,
+                    e.to_string(),
+                )))
             }
         }
     }
@@ -209,10 +213,19 @@ impl Store for RedisStore {
         self.conn.pool_status()
     }
 
+    /// Readiness: Redis answers, holds our layout, and takes a write (a
+    /// Redis out of memory answers a PING and refuses every write).
     async fn ping(&self) -> Result<(), StoreError> {
         let pinged = async {
             self.layout_checked().await?;
-            self.conn.query::<()>(redis::cmd("PING")).await
+            self.conn.query::<()>(redis::cmd("PING")).await?;
+            let probe = redis::cmd("SET")
+                .arg(self.keys.ready())
+                .arg(crate::turn::now_millis())
+                .arg("PX")
+                .arg(10_000)
+                .clone();
+            self.conn.query::<()>(probe).await
         };
         match pinged.await {
             Err(e) => Err(self.explain(e).await),

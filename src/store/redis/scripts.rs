@@ -19,23 +19,48 @@ macro_rules! args {
 pub(super) use args;
 
 macro_rules! session_script {
-    ($file:literal) => {
-        Script::new(concat!(
+    ($again:ident $file:literal) => {
+        Lua::$again(Script::new(concat!(
             include_str!("lua/common.lua"),
             "\n",
             include_str!($file)
-        ))
+        )))
     };
     // Scripts that read the history also get the walk.
-    (walk $file:literal) => {
-        Script::new(concat!(
+    ($again:ident walk $file:literal) => {
+        Lua::$again(Script::new(concat!(
             include_str!("lua/common.lua"),
             "\n",
             include_str!("lua/walk.lua"),
             "\n",
             include_str!($file)
-        ))
+        )))
     };
+}
+
+/// A script, and whether it may run twice for one call: after a dropped
+/// connection nobody knows whether it ran, and only such a script is
+/// tried again (reads; writes that find what they did, a start by its
+/// turn id, say).
+pub(super) struct Lua {
+    pub script: Script,
+    pub again: bool,
+}
+
+impl Lua {
+    pub(super) fn twice(script: Script) -> Self {
+        Lua {
+            script,
+            again: true,
+        }
+    }
+
+    pub(super) fn once(script: Script) -> Self {
+        Lua {
+            script,
+            again: false,
+        }
+    }
 }
 
 /// Sessions a call of a per-session script takes on a single Redis: each
@@ -43,47 +68,47 @@ macro_rules! session_script {
 const SESSIONS_PER_CALL: usize = 500;
 
 pub(super) struct Scripts {
-    pub start_turn: Script,
-    pub finalize_turn: Script,
-    pub delete_turn: Script,
-    pub history: Script,
-    pub session_info: Script,
-    pub clear_session: Script,
-    pub probe: Script,
-    pub erase_sessions: Script,
-    pub index_add: Script,
-    pub index_remove: Script,
-    pub summary_put: Script,
-    pub summary_get: Script,
-    pub summary_delete: Script,
-    pub unsummarized: Script,
-    pub import: Script,
-    pub turns_page: Script,
-    pub forget_turns: Script,
-    pub lock: Script,
+    pub start_turn: Lua,
+    pub finalize_turn: Lua,
+    pub delete_turn: Lua,
+    pub history: Lua,
+    pub session_info: Lua,
+    pub clear_session: Lua,
+    pub probe: Lua,
+    pub erase_sessions: Lua,
+    pub index_add: Lua,
+    pub index_remove: Lua,
+    pub summary_put: Lua,
+    pub summary_get: Lua,
+    pub summary_delete: Lua,
+    pub unsummarized: Lua,
+    pub import: Lua,
+    pub turns_page: Lua,
+    pub forget_turns: Lua,
+    pub lock: Lua,
 }
 
 impl Scripts {
     pub fn new() -> Self {
         Scripts {
-            start_turn: session_script!(walk "lua/start_turn.lua"),
-            finalize_turn: session_script!("lua/finalize_turn.lua"),
-            delete_turn: session_script!("lua/delete_turn.lua"),
-            history: session_script!(walk "lua/history.lua"),
-            session_info: session_script!("lua/session_info.lua"),
-            clear_session: session_script!("lua/clear_session.lua"),
-            probe: session_script!("lua/probe.lua"),
-            erase_sessions: session_script!("lua/erase_sessions.lua"),
-            index_add: Script::new(include_str!("lua/index_add.lua")),
-            index_remove: Script::new(include_str!("lua/index_remove.lua")),
-            summary_put: session_script!("lua/summary_put.lua"),
-            summary_get: session_script!("lua/summary_get.lua"),
-            summary_delete: session_script!("lua/summary_delete.lua"),
-            unsummarized: session_script!("lua/unsummarized.lua"),
-            import: session_script!("lua/import.lua"),
-            turns_page: session_script!("lua/turns_page.lua"),
-            forget_turns: session_script!("lua/forget_turns.lua"),
-            lock: Script::new(include_str!("lua/lock.lua")),
+            start_turn: session_script!(twice walk "lua/start_turn.lua"),
+            finalize_turn: session_script!(twice "lua/finalize_turn.lua"),
+            delete_turn: session_script!(once "lua/delete_turn.lua"),
+            history: session_script!(twice walk "lua/history.lua"),
+            session_info: session_script!(twice "lua/session_info.lua"),
+            clear_session: session_script!(twice "lua/clear_session.lua"),
+            probe: session_script!(twice "lua/probe.lua"),
+            erase_sessions: session_script!(twice "lua/erase_sessions.lua"),
+            index_add: Lua::twice(Script::new(include_str!("lua/index_add.lua"))),
+            index_remove: Lua::twice(Script::new(include_str!("lua/index_remove.lua"))),
+            summary_put: session_script!(once "lua/summary_put.lua"),
+            summary_get: session_script!(twice "lua/summary_get.lua"),
+            summary_delete: session_script!(twice "lua/summary_delete.lua"),
+            unsummarized: session_script!(twice "lua/unsummarized.lua"),
+            import: session_script!(twice "lua/import.lua"),
+            turns_page: session_script!(twice "lua/turns_page.lua"),
+            forget_turns: session_script!(twice "lua/forget_turns.lua"),
+            lock: Lua::once(Script::new(include_str!("lua/lock.lua"))),
         }
     }
 }
@@ -93,7 +118,7 @@ impl RedisStore {
     /// timeout. Every script call goes through here.
     pub(super) async fn invoke<T, K, A>(
         &self,
-        script: &Script,
+        script: &Lua,
         keys: impl IntoIterator<Item = K>,
         args: impl IntoIterator<Item = A>,
     ) -> Result<T, StoreError>
@@ -102,22 +127,27 @@ impl RedisStore {
         K: redis::ToRedisArgs,
         A: redis::ToRedisArgs,
     {
-        let mut inv = script.prepare_invoke();
-        for key in keys {
-            inv.key(key);
-        }
-        for arg in args {
-            inv.arg(arg);
-        }
+        let keys: Vec<Vec<u8>> = keys.into_iter().flat_map(|k| k.to_redis_args()).collect();
+        let args: Vec<Vec<u8>> = args.into_iter().flat_map(|a| a.to_redis_args()).collect();
+        let (keys, args) = (&keys, &args);
         self.conn
-            .with_conn(|mut conn| async move { inv.invoke_async(&mut conn).await })
+            .with_conn(script.again, |mut conn| async move {
+                let mut inv = script.script.prepare_invoke();
+                for key in keys {
+                    inv.key(key);
+                }
+                for arg in args {
+                    inv.arg(arg);
+                }
+                inv.invoke_async(&mut conn).await
+            })
             .await
     }
 
     /// Runs a session script, once the stored layout is known to be ours.
     pub(super) async fn run_session<T: FromRedisValue + Send + 'static>(
         &self,
-        script: &Script,
+        script: &Lua,
         session: &str,
         args: Vec<Vec<u8>>,
     ) -> Result<T, StoreError> {
@@ -133,7 +163,7 @@ impl RedisStore {
     /// session, in order.
     pub(super) async fn run_per_session(
         &self,
-        script: &Script,
+        script: &Lua,
         args: Vec<Vec<u8>>,
         sessions: Vec<(&str, Vec<u8>)>,
     ) -> Result<Vec<Value>, StoreError> {
@@ -161,7 +191,7 @@ impl RedisStore {
     /// Runs an index script on a user's index.
     pub(super) async fn run_index<T: FromRedisValue + Send + 'static>(
         &self,
-        script: &Script,
+        script: &Lua,
         user: &str,
         args: Vec<Vec<u8>>,
     ) -> Result<T, StoreError> {

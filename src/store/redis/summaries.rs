@@ -11,7 +11,9 @@ use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::SessionId;
 use crate::history::{Options, Selection};
-use crate::store::{StoreError, StoredSummary, SummaryWrite, Unreturned, Unsummarized, ms};
+use crate::store::{
+    Outage, OutageClass, StoreError, StoredSummary, SummaryWrite, Unreturned, Unsummarized, ms,
+};
 use crate::tokens::{Encoding, SummaryTokens};
 use crate::turn::Millis;
 
@@ -170,9 +172,10 @@ impl RedisStore {
                 other => return Err(corrupt(format!("summary_put status {other:?}"))),
             }
         }
-        Err(StoreError::Unavailable(
-            "the user index kept changing under this summary".into(),
-        ))
+        Err(StoreError::Unavailable(Outage::new(
+            OutageClass::Contended,
+            "the user index kept changing under this summary",
+        )))
     }
 
     pub(super) async fn read_summary(

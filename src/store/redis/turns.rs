@@ -11,7 +11,9 @@ use super::record::{self, id_bytes};
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::store::{Finalized, StartTurn, Started, StoreError, StoredHistory, ms};
+use crate::store::{
+    Finalized, Outage, OutageClass, StartTurn, Started, StoreError, StoredHistory, ms,
+};
 use crate::turn::{Finalization, Millis, TurnView};
 
 /// Starts that may ask for a fresh index entry before giving up: each
@@ -250,9 +252,10 @@ impl RedisStore {
                 }
             }
         }
-        Err(StoreError::Unavailable(
-            "the user index kept changing under this start".into(),
-        ))
+        Err(StoreError::Unavailable(Outage::new(
+            OutageClass::Contended,
+            "the user index kept changing under this start",
+        )))
     }
 
     pub(super) async fn finalize(

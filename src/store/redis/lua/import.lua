@@ -25,6 +25,14 @@ if key ~= '' and meta[5] then
   return {'replay', owner or '', tonumber(first), tonumber(last), 0, {}}
 end
 
+-- This very call again: its connection dropped after it ran, and the
+-- caller tried once more (turn ids are made per request).
+local mine = redis.call('HGET', KEYS[2], string.sub(ARGV[6], 1, ID))
+if mine then
+  local at = tonumber(string.match(mine, '^(%d+)'))
+  return {'ok', owner or '', at, at + (#ARGV - 5) / 3 - 1, 0, {}}
+end
+
 local claim = (not owner) and user ~= ''
 local indexed = owner or (claim and user)
 if indexed then

@@ -28,6 +28,18 @@ local owner = meta[1]
 if owner == '' then owner = false end
 if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
 
+-- The turn an earlier call made, again (`status`: 'replay' for a key's).
+local function again(status, tid, seq, rec)
+  -- Live pending turns are at most the cap (plus a purge's backlog).
+  local before = 0
+  for _, p in ipairs(pending_seqs(now)) do
+    if p < seq then before = before + 1 end
+  end
+  local started = string.match(rec, '^%??%d+ (%d+)')
+  local page = reading and walk(9, seq, nil, now) or false
+  return {status, owner or '', tid, seq, started, page, before, 0, generation(meta[7], meta[8]), 0}
+end
+
 if key ~= '' and meta[5] then
   local entry = meta[5]
   local tid = string.sub(entry, 1, ID)
@@ -38,18 +50,13 @@ if key ~= '' and meta[5] then
     local deadline = redis.call('ZSCORE', KEYS[3], tid)
     if not (deadline and tonumber(deadline) > now) then rec = false end
   end
-  if rec then
-    -- Live pending turns are at most the cap (plus a purge's backlog).
-    seq = tonumber(seq)
-    local before = 0
-    for _, p in ipairs(pending_seqs(now)) do
-      if p < seq then before = before + 1 end
-    end
-    local started = string.match(rec, '^%??%d+ (%d+)')
-    local page = reading and walk(9, seq, nil, now) or false
-    return {'replay', owner or '', tid, seq, started, page, before, 0, generation(meta[7], meta[8]), 0}
-  end
+  if rec then return again('replay', tid, tonumber(seq), rec) end
 end
+
+-- This very call again: its connection dropped after it ran, and the
+-- caller tried once more (a turn id is made per request).
+local mine = redis.call('HGET', KEYS[2], tid_new)
+if mine then return again('ok', tid_new, tonumber(string.match(mine, '^%??(%d+)')), mine) end
 
 -- Pending turns by deadline: the expired ones first (purged below, a
 -- page at a time), then the live ones. One read in the usual case.
