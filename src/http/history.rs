@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::template::Templates;
 use crate::history::{self, Format, Message, Options, SelectedTurn, StoppedBy};
+use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::Encoding;
 use crate::turn::{TurnView, now_millis, rfc3339};
@@ -297,10 +298,11 @@ pub struct UnsummarizedOut {
     pub through_seq: u64,
     pub turns: u64,
     /// The tokens of their blocks as the `text` rendering would render them
-    /// (without the header), in the response's encoding; `null` when the
-    /// session's turns are not all counted in that encoding (read with the
-    /// server's encoding to get them) or when more than 256 finalized turns
-    /// wait behind a pending turn.
+    /// (without the header), in the response's encoding and language;
+    /// `null` when they are not summed from stored counts (another
+    /// encoding than the server's, or more than 256 finalized turns waiting
+    /// behind a pending turn) and their texts hold more than 4 bytes a
+    /// token of the read's `max_tokens` (or its byte cap).
     #[schema(required = true)]
     pub tokens: Option<u32>,
 }
@@ -504,10 +506,11 @@ pub async fn get_history(
     body: Body,
 ) -> Result<Response, ApiError> {
     let read = HistoryRead::parse(&path, &params, body, &app)?;
-    let stored = app
+    let mut stored = app
         .store
         .history(&read.session, &read.options, now_millis())
         .await?;
+    unsummarized_tokens(&*app.store, &read.session, &mut stored, &read.options).await?;
     let out = HistoryResponse::build(read.session.as_str(), stored, &read.options);
     Ok(match body {
         Body::Json => Json(out).into_response(),

@@ -18,6 +18,7 @@ use crate::config::Settings;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
 use crate::history::Options;
 use crate::history::template::Templates;
+use crate::store::counting::unsummarized_tokens;
 use crate::store::{Finalized, StartTurn, Store, StoreError, StoredHistory};
 use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::{English, Finalization, NewPendingTurn, TurnView, now_millis, rfc3339};
@@ -298,7 +299,7 @@ pub async fn start_turn(
         new_session: start.new_session,
         now: now_millis(),
     };
-    let started = match templated {
+    let mut started = match templated {
         None => app.store.start_turn(begin(start.history.as_ref())).await?,
         Some(read_before) => {
             let mut started = app.store.start_turn(begin(None)).await?;
@@ -317,6 +318,10 @@ pub async fn start_turn(
     };
     app.metrics.turn_started(started.replayed);
 
+    if let (Some(h), Some(opts)) = (started.history.as_mut(), &start.history) {
+        // The turn is written: a failure to count leaves the tokens unknown.
+        let _ = unsummarized_tokens(&*app.store, &start.session_id, h, opts).await;
+    }
     let history = match (started.history, &start.history) {
         (Some(h), Some(opts)) => Some(HistoryResponse::build(start.session_id.as_str(), h, opts)),
         _ => None,

@@ -8,10 +8,11 @@
 //! (health checks among them) and a request dropped at its timeout stops
 //! within a slice.
 
+use crate::domain::SessionId;
 use crate::history::template::{Globals, Summary};
 use crate::history::{Candidate, Options, Picker, Prelude};
-use crate::store::{StoreError, StoredSummary};
-use crate::tokens::SummaryTokens;
+use crate::store::{Store, StoreError, StoredHistory, StoredSummary};
+use crate::tokens::{AnswerTokens, QueryTokens, SummaryTokens};
 
 /// Texts longer than this are counted on the blocking pool.
 const COUNT_INLINE_BYTES: usize = 16 * 1024;
@@ -160,4 +161,96 @@ async fn blocking(mut sel: Picker, work: impl FnOnce(&mut Picker) + Send + 'stat
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(_) => panic!("the runtime shut down during a read"),
     }
+}
+
+/// Turns a page of `unsummarized_tokens` reads.
+const UNSUMMARIZED_PAGE_TURNS: usize = 256;
+/// Bytes of text a token of the read's budget lets `unsummarized_tokens`
+/// read (about what a token holds in English).
+const BYTES_PER_TOKEN: u64 = 4;
+
+/// Fills in `unsummarized.tokens` where the store could not sum stored
+/// counts (the read's encoding is not the one the session's turns were
+/// counted in, or many turns wait behind a pending one): the turns' texts
+/// are read and counted in the read's encoding and language, as their
+/// `text` blocks render. Bounded by the read: at most 4 bytes of text a
+/// token of its `max_tokens` (and `max_bytes`, the history byte cap), so
+/// that a read that returns little moves little; past it, `tokens` stays
+/// unknown. Counting is sliced as a read's: a request that ends stops it.
+pub(crate) async fn unsummarized_tokens(
+    store: &dyn Store,
+    session: &SessionId,
+    history: &mut StoredHistory,
+    read: &Options,
+) -> Result<(), StoreError> {
+    let max_bytes = read
+        .max_bytes
+        .min(u64::from(read.max_tokens).saturating_mul(BYTES_PER_TOKEN));
+    let Some(u) = history.unsummarized.as_mut().filter(|u| u.tokens.is_none()) else {
+        return Ok(());
+    };
+    // The turn keep_first returned is not unsummarized (see `Unreturned`).
+    let skip = history
+        .selection
+        .turns
+        .first()
+        .map(|t| t.turn.seq)
+        .filter(|s| read.keep_first && *s > u.after_seq && *s <= u.through_seq);
+    let (mut texts, mut bytes, mut after) = (Vec::new(), 0u64, u.after_seq);
+    'pages: while after < u.through_seq {
+        let room = max_bytes.saturating_sub(bytes).max(1);
+        let page = store
+            .turns_page(session, after, UNSUMMARIZED_PAGE_TURNS, room)
+            .await?;
+        if page.is_empty() {
+            break;
+        }
+        for t in page {
+            if t.seq > u.through_seq {
+                break 'pages;
+            }
+            after = t.seq;
+            if Some(t.seq) == skip {
+                continue;
+            }
+            let (q, a) = if read.english {
+                (
+                    t.user_query_en.unwrap_or(t.user_query),
+                    t.final_answer_en.unwrap_or(t.final_answer),
+                )
+            } else {
+                (t.user_query, t.final_answer)
+            };
+            bytes += (q.len() + a.len()) as u64;
+            if bytes > max_bytes {
+                return Ok(());
+            }
+            texts.push((q, a));
+        }
+    }
+    if texts.len() as u64 != u.turns {
+        return Ok(()); // the session changed since the read: unknown
+    }
+    let encoding = read.encoding;
+    let counts = in_slices(
+        texts,
+        |(q, a)| q.len() + a.len(),
+        move |(q, a)| {
+            let (q, a) = (
+                QueryTokens::count(encoding, &q),
+                AnswerTokens::count(encoding, &a),
+            );
+            (q.user_line, a.assistant_sep, a.assistant_last)
+        },
+    )
+    .await;
+    let Some((_, last_sep, last)) = counts.last().copied() else {
+        return Ok(());
+    };
+    let inner: u64 = counts
+        .iter()
+        .map(|(line, sep, _)| u64::from(*line) + u64::from(*sep))
+        .sum();
+    u.tokens = u32::try_from(inner - u64::from(last_sep) + u64::from(last)).ok();
+    Ok(())
 }

@@ -292,10 +292,40 @@ async fn unsummarized_names_exactly_what_to_fold_next(backend: Backend) {
         h["unsummarized"],
         json!({"after_seq": 0, "through_seq": 3, "turns": 3, "tokens": count("o200k_base", blocks)})
     );
-    // In another encoding than the stored counts': the turns, no tokens.
+    // In another encoding than the stored counts': counted in that one
+    // (the response's), from the turns' texts.
     let other = app.history_ok(&s, "limit=2&encoding=cl100k_base").await;
-    assert_eq!(other["unsummarized"]["turns"], 3);
-    assert_eq!(other["unsummarized"]["tokens"], Value::Null);
+    assert_eq!(
+        other["unsummarized"],
+        json!({"after_seq": 0, "through_seq": 3, "turns": 3, "tokens": count("cl100k_base", blocks)})
+    );
+    let kept = app
+        .history_ok(&s, "limit=2&keep_first=true&encoding=cl100k_base")
+        .await;
+    assert_eq!(
+        kept["unsummarized"]["tokens"],
+        count(
+            "cl100k_base",
+            "User: q2\nAssistant: a2\n\nUser: q3\nAssistant: a3\n\nUser: q4\nAssistant: a4"
+        ),
+        "{kept}"
+    );
+    let started = app
+        .started(json!({"session_id": s, "user_query": "q?",
+                        "history": {"limit": 2, "encoding": "p50k_base"}}))
+        .await;
+    assert_eq!(
+        started["history"]["unsummarized"]["tokens"],
+        count("p50k_base", blocks)
+    );
+    let t = started["turn_id"].as_str().unwrap();
+    assert_eq!(app.abort(&s, t).await.status(), 204);
+    // Past the history byte cap, the texts are not read: no tokens.
+    let capped = TestApp::spawn_with(backend, |c| c.max_history_bytes = 10).await;
+    let c = session_of(&capped, 5).await;
+    let h = capped.history_ok(&c, "limit=2&encoding=cl100k_base").await;
+    assert_eq!(h["unsummarized"]["turns"], 3);
+    assert_eq!(h["unsummarized"]["tokens"], Value::Null);
     // A summary of turns 1 and 2: turn 3 is left, with or without summary=true.
     app.put_summary(&s, json!({"summary": "s", "through_seq": 2}))
         .await;
@@ -492,8 +522,10 @@ async fn pending_seqs_are_read_without_loading_questions(backend: Backend) {
 /// MAX_WAITING (256) turns the tokens are not summed, the turns still named.
 async fn many_turns_waiting_behind_a_pending_turn_are_not_summed(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    // The read returns the newest imported turn: the others wait.
-    for (waiting, summed) in [(256, true), (257, false)] {
+    // The read returns the newest imported turn: the others wait. Up to
+    // 256 the store sums stored counts; past it, the turns' texts are
+    // counted instead (bounded by the read's budget): the same tokens.
+    for waiting in [256, 257] {
         let s = session_of(&app, 2).await;
         app.started(json!({"session_id": s, "user_query": "pending"}))
             .await;
@@ -509,14 +541,10 @@ async fn many_turns_waiting_behind_a_pending_turn_are_not_summed(backend: Backen
         assert_eq!(res.status(), 201);
         let h = app.history_ok(&s, "limit=1").await;
         let blocks = "User: q1\nAssistant: a1\n\nUser: q2\nAssistant: a2";
-        let tokens = if summed {
-            json!(count("o200k_base", blocks))
-        } else {
-            Value::Null
-        };
         assert_eq!(
             h["unsummarized"],
-            json!({"after_seq": 0, "through_seq": 2, "turns": 2, "tokens": tokens}),
+            json!({"after_seq": 0, "through_seq": 2, "turns": 2,
+                   "tokens": count("o200k_base", blocks)}),
             "{waiting} waiting"
         );
     }

@@ -947,10 +947,11 @@ export interface components {
             /**
              * Format: int32
              * @description The tokens of their blocks as the `text` rendering would render them
-             *     (without the header), in the response's encoding; `null` when the
-             *     session's turns are not all counted in that encoding (read with the
-             *     server's encoding to get them) or when more than 256 finalized turns
-             *     wait behind a pending turn.
+             *     (without the header), in the response's encoding and language;
+             *     `null` when they are not summed from stored counts (another
+             *     encoding than the server's, or more than 256 finalized turns waiting
+             *     behind a pending turn) and their texts hold more than 4 bytes a
+             *     token of the read's `max_tokens` (or its byte cap).
              */
             tokens: number | null;
         };
