@@ -207,9 +207,10 @@ class Unsummarized:
     are the turns a client folds into the next summary: read them with
     ``format="turns", after_seq=..., through_seq=...``. ``tokens`` counts
     them as the ``text`` rendering of their blocks would (without the header
-    line), in the history's encoding and language; it is ``None`` when the
-    history was read in another encoding than the server's (read with the
-    server's encoding to get it).
+    line), in the history's encoding and language; it is ``None`` only when
+    counting them would take more than the read's budget allows (about 4
+    bytes of text a token of its ``max_tokens``) and the server could not
+    sum stored counts (a read in another encoding than the server's).
     """
 
     after_seq: int
