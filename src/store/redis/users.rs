@@ -95,6 +95,28 @@ impl RedisStore {
         now: Millis,
         min: Millis,
     ) -> Result<Millis, StoreError> {
+        self.write_entry(user, session, now, min, "").await
+    }
+
+    /// Moves the user's entry for the session to the top of their index,
+    /// if it has one (`activity` in `lua/common.lua`): best effort, as it
+    /// orders listings only; a failure is logged, and the next start
+    /// moves it.
+    pub(super) async fn move_to_top(&self, user: &str, session: &SessionId, now: Millis) {
+        if let Err(e) = self.write_entry(user, session, now, 0, "xx").await {
+            tracing::debug!(error = %e, "a session's index entry did not move up");
+        }
+    }
+
+    /// `lua/index_add.lua`; `only`: `"xx"` to move an entry there is only.
+    async fn write_entry(
+        &self,
+        user: &str,
+        session: &SessionId,
+        now: Millis,
+        min: Millis,
+        only: &str,
+    ) -> Result<Millis, StoreError> {
         self.run_index(
             &self.scripts.index_add,
             user,
@@ -103,34 +125,11 @@ impl RedisStore {
                 now,
                 now.saturating_add(ms(self.limits.index_horizon())),
                 min,
-                ms(INDEX_SKEW)
+                ms(INDEX_SKEW),
+                only
             ],
         )
         .await
-    }
-
-    /// Moves the user's entry for the session to the top of their index,
-    /// if it has one (`activity` in `lua/common.lua`): best effort, as it
-    /// orders listings only; a failure is logged, and the next start
-    /// moves it.
-    pub(super) async fn move_to_top(&self, user: &str, session: &SessionId, now: Millis) {
-        let moved: Result<Millis, _> = self
-            .run_index(
-                &self.scripts.index_add,
-                user,
-                args![
-                    session.as_str(),
-                    now,
-                    now.saturating_add(ms(self.limits.index_horizon())),
-                    0,
-                    ms(INDEX_SKEW),
-                    "xx"
-                ],
-            )
-            .await;
-        if let Err(e) = moved {
-            tracing::debug!(error = %e, "a session's index entry did not move up");
-        }
     }
 
     /// Removes each entry that still has the time it was seen with (and
