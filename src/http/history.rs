@@ -216,7 +216,7 @@ pub struct Turn {
     /// stored turn is whole).
     pub truncated: bool,
     /// The English copy of the question, when the turn has one (in a
-    /// `lang=en` history, `user_query` holds it instead).
+    /// `lang=en` history, `user_query` holds it too: the text rendered).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub user_query_en: Option<String>,

@@ -910,7 +910,7 @@ export interface components {
             truncated: boolean;
             /**
              * @description The English copy of the question, when the turn has one (in a
-             *     `lang=en` history, `user_query` holds it instead).
+             *     `lang=en` history, `user_query` holds it too: the text rendered).
              */
             user_query_en?: string;
             /** @description The English copy of the answer, likewise. */
