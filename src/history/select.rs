@@ -172,8 +172,9 @@ pub struct Candidate {
     /// The stored counts may be short (recorded under a retired rule, see
     /// [`crate::tokens::Encoding::code`]): they are taken again.
     pub recount: bool,
-    /// English copies to show beside the texts (a `turns` read of the
-    /// originals); not rendered, so not counted.
+    /// English copies to show beside the texts (a `turns` read; with
+    /// `lang=en`, the texts are the copies where there are, and these the
+    /// same again); not rendered, so not counted.
     pub copies: Copies,
 }
 

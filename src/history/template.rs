@@ -37,7 +37,7 @@ use minijinja::Value;
 pub use cache::{CAPACITY as COUNT_CACHE_CAPACITY, CountCache};
 pub use rendered::{BUDGET_BYTES as TURN_CACHE_BYTES, TurnCache};
 pub use sandbox::{FUEL, MAX_OUTPUT_BYTES, RECURSION_LIMIT};
-pub use selector::{TemplateSelection, TemplateSelector, select_template};
+pub use selector::{TemplateSelection, TemplateSelector, max_rendering_bytes, select_template};
 
 use super::SelectedTurn;
 use crate::tokens::Encoding;
@@ -167,6 +167,11 @@ impl Template {
 
     fn id(&self) -> u64 {
         self.compiled.id()
+    }
+
+    /// Where the `turn` macro is defined, for errors about what it renders.
+    fn turn_line(&self) -> Option<usize> {
+        self.compiled.line(Part::Turn)
     }
 
     /// The whole rendering of `turns` (oldest first) after an optional

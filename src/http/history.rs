@@ -83,7 +83,9 @@ pub struct HistoryParams {
     /// Render with this template instead of the `text` format (built-ins
     /// `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):
     /// same budget rule, exact `token_count`; `format` must be `text`.
-    /// Unknown: 404 `template_not_found`.
+    /// Unknown: 404 `template_not_found`. A template that fails, or an
+    /// operator's that renders more than twice `TURNSTORE_MAX_HISTORY_BYTES`
+    /// plus 1 MiB: 422 `template_error`.
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "xml")]
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "xml")]
     pub template: Option<String>,
@@ -215,7 +217,7 @@ pub struct Turn {
     /// stored turn is whole).
     pub truncated: bool,
     /// The English copy of the question, when the turn has one (in a
-    /// `lang=en` history, `user_query` holds it instead).
+    /// `lang=en` history, `user_query` holds it too: the text rendered).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub user_query_en: Option<String>,

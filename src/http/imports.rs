@@ -14,7 +14,7 @@ use super::error::{ApiError, FieldError};
 use super::extract::{JsonBody, NoQuery};
 use super::sessions::SessionPath;
 use super::turns::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use super::valid::{AllValid, optional};
+use super::valid::{AllValid, given_user_id, optional};
 use crate::config::Settings;
 use crate::domain::{FinalAnswer, TextError, TurnId, UserQuery};
 use crate::domain::{IdempotencyKey, SessionId, UserId};
@@ -107,6 +107,10 @@ impl Valid {
         body: ImportRequest,
         settings: &Settings,
     ) -> Result<Self, ApiError> {
+        let body = ImportRequest {
+            user_id: given_user_id(body.user_id),
+            ..body
+        };
         let hash = request_hash(&body);
         let pairs = pairs(&body.messages, settings)?;
         let key = headers.get(IDEMPOTENCY_KEY).map(|v| {
@@ -116,13 +120,7 @@ impl Valid {
         });
         let (session, user, key, pairs) = (
             path.session_id(),
-            optional(
-                "user_id",
-                body.user_id
-                    .as_deref()
-                    .filter(|u| !u.is_empty())
-                    .map(UserId::parse),
-            ),
+            optional("user_id", body.user_id.as_deref().map(UserId::parse)),
             optional("Idempotency-Key", key),
             pairs,
         )
@@ -246,7 +244,8 @@ fn pairs(
     Ok(Err(errors))
 }
 
-/// What "the same body" means for a replay: the parsed request.
+/// What "the same body" means for a replay: the parsed request (`""`
+/// made absent first, as `null` and no `user_id` are).
 fn request_hash(body: &ImportRequest) -> String {
     let canonical = serde_json::to_vec(body).unwrap_or_default();
     Sha256::digest(&canonical)

@@ -2,6 +2,7 @@
 //! them, adds auth, request ids, tracing, metrics and panic safety.
 
 mod accept;
+mod docs;
 pub mod error;
 mod exports;
 mod extract;
@@ -34,7 +35,6 @@ use tower_http::trace::TraceLayer;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
-use utoipa_swagger_ui::SwaggerUi;
 
 use self::error::{ApiError, ProblemCode};
 use crate::config::Settings;
@@ -143,10 +143,10 @@ pub fn router(state: AppState) -> Router {
         .merge(ops)
         // Prometheus' text, for scrapers: not in the OpenAPI document.
         .route("/metrics", axum::routing::get(ops::metrics))
-        .merge(SwaggerUi::new("/docs").external_url_unchecked(
-            "/openapi.json",
-            openapi(&state.settings, !state.api_key_digests.is_empty()),
-        ))
+        .merge(docs::router(&openapi(
+            &state.settings,
+            !state.api_key_digests.is_empty(),
+        )))
         .fallback(|| async { ApiError::from(ProblemCode::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::from(ProblemCode::MethodNotAllowed) })
         .layer(DefaultBodyLimit::max(body_limit))

@@ -12,7 +12,7 @@ use super::error::{ApiError, ProblemCode};
 use super::extract::{JsonBody, NoQuery};
 use super::history::Summary;
 use super::sessions::SessionPath;
-use super::valid::{AllValid, field, optional, rule};
+use super::valid::{AllValid, field, given_user_id, optional, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, SummaryText, TextError, UserId};
 use crate::store::SummaryWrite;
@@ -82,10 +82,7 @@ impl Write {
             text,
             optional(
                 "user_id",
-                body.user_id
-                    .as_deref()
-                    .filter(|u| !u.is_empty())
-                    .map(UserId::parse),
+                given_user_id(body.user_id).as_deref().map(UserId::parse),
             ),
             rule("through_seq", body.through_seq >= 1, "must be at least 1"),
             rule(

@@ -13,7 +13,7 @@ use super::error::{ApiError, ProblemCode};
 use super::extract::{JsonBody, NoQuery};
 use super::history::{HistoryParams, HistoryResponse, Turn};
 use super::sessions::SessionTurnPath;
-use super::valid::{AllValid, Valid, field, optional, rule};
+use super::valid::{AllValid, Valid, field, given_user_id, optional, rule};
 use crate::config::Settings;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
 use crate::history::Options;
@@ -175,6 +175,10 @@ impl Start {
         settings: &Settings,
         templates: &Templates,
     ) -> Result<Self, ApiError> {
+        let body = StartTurnRequest {
+            user_id: given_user_id(body.user_id),
+            ..body
+        };
         let query = text(
             "user_query",
             UserQuery::parse(body.user_query.clone(), settings.max_query_bytes),
@@ -196,10 +200,7 @@ impl Start {
             optional("session_id", body.session_id.as_deref().map(SessionId::parse)),
             optional(
                 "user_id",
-                body.user_id
-                    .as_deref()
-                    .filter(|u| !u.is_empty())
-                    .map(UserId::parse),
+                body.user_id.as_deref().map(UserId::parse),
             ),
             optional("Idempotency-Key", key),
             rule(
@@ -372,7 +373,8 @@ async fn read_templated(
 }
 
 /// What "the same body" means for an idempotent replay: the parsed request,
-/// so key order and white space do not matter.
+/// so key order and white space do not matter (nor `null`, `""` or no
+/// `user_id`: `Start::parse` hashes the body with `""` made absent).
 fn request_hash(body: &StartTurnRequest) -> String {
     let canonical = serde_json::to_vec(body).unwrap_or_default();
     Sha256::digest(&canonical)

@@ -19,6 +19,13 @@ pub fn optional<T, E: Display>(name: &str, r: Option<Result<T, E>>) -> Valid<Opt
     r.transpose().map_err(|e| invalid(name, e))
 }
 
+/// A `user_id` as given: `""` counts as absent, like `null` and no field,
+/// wherever the body is looked at (validation, and the hash an idempotent
+/// replay is compared by).
+pub fn given_user_id(raw: Option<String>) -> Option<String> {
+    raw.filter(|u| !u.is_empty())
+}
+
 /// A rule across fields: `holds`, or `field` is invalid with `message`.
 pub fn rule(name: &str, holds: bool, message: impl Display) -> Valid<()> {
     if holds {

@@ -335,28 +335,27 @@ fn rendered_at_least(c: &Content, max_chars: Option<usize>) -> usize {
 }
 
 /// A stored turn as a read sees it: no more of its contents than it needs;
-/// with `lang=en`, the English copies where it has them; in a `turns` read
-/// of the originals, the copies beside them.
+/// with `lang=en`, the English copies where it has them; in a `turns`
+/// read, the copies beside the texts (with `lang=en`, beside themselves).
 fn candidate(t: &FinalizedTurn, read: &Options) -> Candidate {
     let (q_max, a_max) = (read.max_query_chars, read.max_answer_chars);
-    let (query, answer, costs, copies) = if read.english {
+    let (query, answer, costs) = if read.english {
         let (query, answer) = t.english_texts();
-        (query, answer, t.english_costs(), Copies::default())
+        (query, answer, t.english_costs())
     } else {
-        let copy = |e: Option<&String>, max| e.map(|e| Content::for_read(e, max));
-        let copies = match read.format {
-            Format::Turns => Copies {
-                user_query: copy(t.start.english.as_ref().map(|e| &e.text), q_max),
-                final_answer: copy(t.end.english.as_ref().map(|e| &e.text), a_max),
-            },
-            Format::Text | Format::Messages => Copies::default(),
-        };
         (
             t.start.user_query.as_str(),
             t.end.final_answer.as_str(),
             t.costs(),
-            copies,
         )
+    };
+    let copy = |e: Option<&String>, max| e.map(|e| Content::for_read(e, max));
+    let copies = match read.format {
+        Format::Turns => Copies {
+            user_query: copy(t.start.english.as_ref().map(|e| &e.text), q_max),
+            final_answer: copy(t.end.english.as_ref().map(|e| &e.text), a_max),
+        },
+        Format::Text | Format::Messages => Copies::default(),
     };
     Candidate {
         turn_id: t.start.turn_id,

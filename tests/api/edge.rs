@@ -302,3 +302,59 @@ async fn query_booleans_take_the_usual_spellings() {
         assert_eq!(crate::support::seqs(&not), [3], "{no}");
     }
 }
+
+/// `/docs` reaches its files and its document by relative URLs only, so
+/// that it works under a proxy's path prefix: `/docs` redirects to
+/// `docs/`, whose page loads `../openapi.json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_docs_page_follows_relative_urls_only() {
+    // Arrange: a client that shows redirects instead of following them.
+    let app = TestApp::spawn(Backend::Memory).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let get = |path: &str| http.get(app.url(path)).send();
+
+    // Act
+    let redirect = get("/docs").await.unwrap();
+    let page = get("/docs/").await.unwrap();
+    let init = get("/docs/swagger-initializer.js").await.unwrap();
+    let missing = get("/docs/nothing.js").await.unwrap();
+
+    // Assert: each URL, resolved as a browser resolves it, stays under
+    // the prefix the page was reached by ("" here, or a proxy's).
+    assert_eq!(redirect.status(), StatusCode::SEE_OTHER);
+    let location = redirect.headers()["location"].to_str().unwrap().to_owned();
+    assert_eq!(location, "docs/");
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    for attr in html
+        .split(['"', '\''])
+        .filter(|a| a.contains(".js") || a.contains(".css"))
+    {
+        assert!(!attr.starts_with('/') && !attr.contains("//"), "{attr}");
+    }
+    assert_eq!(init.status(), StatusCode::OK);
+    let init = init.text().await.unwrap();
+    let document = r#""url": "../openapi.json""#;
+    assert!(init.contains(document), "{init}");
+    assert_eq!(init.matches("openapi.json").count(), 1, "{init}");
+    problem(missing, 404, "not_found").await;
+    for prefix in ["", "/turnstore", "/a/b"] {
+        let reached = reqwest::Url::parse(&app.url(&format!("{prefix}/docs"))).unwrap();
+        let page = reached.join(&location).unwrap();
+        let document = page.join("../openapi.json").unwrap();
+        assert_eq!(page.path(), format!("{prefix}/docs/"));
+        assert_eq!(document.path(), format!("{prefix}/openapi.json"));
+    }
+    let document = reqwest::Url::parse(&app.url("/docs/"))
+        .unwrap()
+        .join("../openapi.json")
+        .unwrap();
+    let served = http.get(document).send().await.unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    assert_eq!(served.headers()["content-type"], "application/json");
+    let doc: serde_json::Value = served.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+}

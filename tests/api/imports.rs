@@ -13,6 +13,7 @@ conformance!(
     a_transcript_becomes_finalized_turns,
     bad_transcripts_name_the_message_and_write_nothing,
     imports_are_retry_safe_with_a_key,
+    an_import_replay_counts_an_empty_user_id_as_absent,
     imports_append_claim_and_trim_like_turns,
     a_users_sessions_are_exported_in_order_with_their_turns,
     an_import_frees_what_it_trims_a_page_at_a_time,
@@ -218,6 +219,52 @@ async fn imports_are_retry_safe_with_a_key(backend: Backend) {
     app.import(&s, json!({"messages": transcript(2)})).await;
     let replay = app.import_with_key(&s, "imp-1", body).await;
     assert_eq!(ok_json(replay, StatusCode::OK).await, first);
+}
+
+/// `"user_id": ""` counts as absent, like `null`, in an import's replay too.
+async fn an_import_replay_counts_an_empty_user_id_as_absent(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = sid();
+    let body = |user_id: Option<Value>| {
+        let mut b = json!({"messages": transcript(2)});
+        if let Some(u) = user_id {
+            b["user_id"] = u;
+        }
+        b
+    };
+    let first = ok_json(
+        app.import_with_key(&s, "imp-absent", body(None)).await,
+        StatusCode::CREATED,
+    )
+    .await;
+    let other = ok_json(
+        app.import_with_key(&s, "imp-empty", body(Some(json!(""))))
+            .await,
+        StatusCode::CREATED,
+    )
+    .await;
+
+    let replays = [
+        ("imp-absent", first.clone(), Some(json!(""))),
+        ("imp-absent", first.clone(), Some(Value::Null)),
+        ("imp-empty", other.clone(), None),
+        ("imp-empty", other.clone(), Some(Value::Null)),
+    ];
+    for (key, made, user_id) in replays {
+        let replay = app.import_with_key(&s, key, body(user_id.clone())).await;
+        assert_eq!(replay.status(), 200, "{key} {user_id:?}");
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(
+            ok_json(replay, StatusCode::OK).await,
+            made,
+            "{key} {user_id:?}"
+        );
+    }
+    let named = app
+        .import_with_key(&s, "imp-absent", body(Some(json!("alice"))))
+        .await;
+    problem(named, 422, "idempotency_key_reused").await;
+    assert_eq!(app.history_ok(&s, "").await["total_turns"], 4);
 }
 
 async fn imports_append_claim_and_trim_like_turns(backend: Backend) {

@@ -74,6 +74,7 @@ conformance!(
     blank_texts_are_422_and_oversize_texts_413,
     idempotent_replays_return_the_same_turn,
     idempotency_key_with_another_body_is_422,
+    a_replay_counts_an_empty_user_id_as_absent,
     idempotency_key_needs_a_session_id,
     pending_turns_expire,
     sessions_expire_and_writes_slide_the_ttl,
@@ -448,6 +449,54 @@ async fn idempotency_key_with_another_body_is_422(backend: Backend) {
     problem(other_history, 422, "idempotency_key_reused").await;
     let info = ok_json(app.session(&s).await, StatusCode::OK).await;
     assert_eq!(info["pending_count"], 1);
+}
+
+/// `"user_id": ""` counts as absent, like `null`: in a replay too, it is
+/// the same body as one without a user id.
+async fn a_replay_counts_an_empty_user_id_as_absent(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let s = sid();
+    let body = |user_id: Option<Value>| {
+        let mut b = json!({"session_id": s, "user_query": "q", "history": {"limit": 3}});
+        if let Some(u) = user_id {
+            b["user_id"] = u;
+        }
+        b
+    };
+    let first = ok_json(
+        app.start_with_key("k-absent", body(None)).await,
+        StatusCode::CREATED,
+    )
+    .await;
+    let other = ok_json(
+        app.start_with_key("k-empty", body(Some(json!("")))).await,
+        StatusCode::CREATED,
+    )
+    .await;
+
+    let replays = [
+        ("k-absent", first.clone(), Some(json!(""))),
+        ("k-absent", first.clone(), Some(Value::Null)),
+        ("k-empty", other.clone(), None),
+        ("k-empty", other.clone(), Some(Value::Null)),
+    ];
+    for (key, made, user_id) in replays {
+        let replay = app.start_with_key(key, body(user_id.clone())).await;
+        assert_eq!(replay.status(), 200, "{key} {user_id:?}");
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        let replay = ok_json(replay, StatusCode::OK).await;
+        assert_eq!(replay, made, "{key} {user_id:?}");
+    }
+    // A user id is another body; and nothing else was written.
+    let named = app
+        .start_with_key("k-absent", body(Some(json!("alice"))))
+        .await;
+    problem(named, 422, "idempotency_key_reused").await;
+    let info = ok_json(app.session(&s).await, StatusCode::OK).await;
+    assert_eq!(
+        (info["pending_count"].clone(), info["user_id"].clone()),
+        (json!(2), Value::Null)
+    );
 }
 
 async fn idempotency_key_needs_a_session_id(backend: Backend) {

@@ -12,6 +12,7 @@ conformance!(
     a_template_keeps_whole_turns_within_the_budget,
     templates_render_the_summary_first,
     operators_templates_render_and_fail_cleanly,
+    an_operators_template_renders_no_more_than_its_cap,
     unknown_templates_and_other_formats_are_refused,
     a_templated_read_that_takes_every_turn_is_one_script_call,
     the_cache_of_rendered_turns_is_measured,
@@ -252,6 +253,60 @@ async fn operators_templates_render_and_fail_cleanly(backend: Backend) {
             .unwrap()
             .ends_with("[3] Bye -> See you."),
         "{first}"
+    );
+}
+
+/// A template may add to its contents, not without bound: past twice
+/// `TURNSTORE_MAX_HISTORY_BYTES` and 1 MiB, a rendering is a 422.
+async fn an_operators_template_renders_no_more_than_its_cap(backend: Backend) {
+    // Arrange: a turn macro that renders 500 KB whatever its turn, under
+    // a history cap of 1,000 bytes: two turns fit the cap (1 MiB and
+    // 2,000 bytes), three do not.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bloat.jinja"),
+        "{% macro turn(turn) %}\n{{ turn.seq }}{{ 'word ' * 100000 }}{% endmacro %}",
+    )
+    .unwrap();
+    let path = dir.path().to_owned();
+    let app = TestApp::spawn_with(backend, |s| {
+        s.templates_dir = Some(path);
+        s.max_history_bytes = 1000;
+    })
+    .await;
+    let s = three_turns(&app).await;
+    let query = "template=bloat&max_tokens=10000000";
+
+    // Act
+    let two = app.history(&s, &format!("{query}&limit=2")).await;
+    let three = app.history(&s, query).await;
+    let plain = app
+        .http
+        .get(app.url(&format!("/v1/sessions/{s}/history?{query}")))
+        .header("accept", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    let start = app
+        .start(json!({"session_id": s, "user_query": "q",
+                      "history": {"template": "bloat", "max_tokens": 10_000_000}}))
+        .await;
+
+    // Assert
+    let two = ok_json(two, StatusCode::OK).await;
+    assert_eq!(two["rendered"].as_str().unwrap().len(), 2 * 500_002);
+    for res in [three, plain, start] {
+        let p = problem(res, 422, "template_error").await;
+        let detail = p["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("line 1: the rendering is larger than 1050576 bytes"),
+            "{detail}"
+        );
+    }
+    let h = app.history_ok(&s, "").await;
+    assert_eq!(
+        (h["total_turns"].clone(), h["pending_turns"].clone()),
+        (json!(3), json!(0))
     );
 }
 

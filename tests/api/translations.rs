@@ -9,6 +9,7 @@ use crate::support::{Backend, TestApp, count, ok_json, problem, sid};
 conformance!(
     english_copies_are_kept_and_shown_beside_the_originals,
     lang_en_renders_the_copies_where_there_are_and_counts_them_exactly,
+    lang_en_turns_carry_the_english_copies,
     copies_have_the_limits_of_their_originals,
     a_finalize_retry_must_repeat_the_copy,
     copies_leave_with_their_turns,
@@ -131,10 +132,12 @@ async fn lang_en_renders_the_copies_where_there_are_and_counts_them_exactly(back
         .await;
     assert_eq!(h["rendered"], two);
     assert_eq!(h["stopped_by"], "max_tokens");
-    // In lang=en, Turn objects hold what was rendered.
+    // In lang=en, Turn objects hold what was rendered, and the copies.
     let t = app.history_ok(&s, "lang=en&format=turns").await;
     assert_eq!(t["turns"][0]["user_query"], "Question one");
-    assert!(t["turns"][0].get("user_query_en").is_none());
+    assert_eq!(t["turns"][0]["user_query_en"], "Question one");
+    assert!(t["turns"][0].get("final_answer_en").is_none());
+    assert_eq!(t["token_count"], count("o200k_base", expected));
     // Plain text and a start's history take lang too.
     let res = app
         .http
@@ -149,6 +152,106 @@ async fn lang_en_renders_the_copies_where_there_are_and_counts_them_exactly(back
         .await;
     assert_eq!(started["history"]["rendered"], expected);
     problem(app.history(&s, "lang=de").await, 422, "validation_failed").await;
+}
+
+/// With `lang=en`, Turn objects hold the texts rendered (the English
+/// copies where there are) and carry the copies too, as every Turn does.
+async fn lang_en_turns_carry_the_english_copies(backend: Backend) {
+    // Arrange: a turn translated both ways, one with an English answer
+    // only, one untranslated; long enough texts for a truncation to cut.
+    let app = TestApp::spawn(backend).await;
+    let s = sid();
+    complete_en(
+        &app,
+        &s,
+        ("Was ist ein Vektorindex?", Some("What is a vector index?")),
+        ("Ein Index über Vektoren.", Some("An index over vectors.")),
+    )
+    .await;
+    complete_en(
+        &app,
+        &s,
+        ("Und jetzt?", None),
+        ("Jetzt wählen wir HNSW.", Some("Now we pick HNSW.")),
+    )
+    .await;
+    complete_en(&app, &s, ("Danke", None), ("Bitte", None)).await;
+    let english = "### Conversation history:\n\
+        User: What is a vector index?\nAssistant: An index over vectors.\n\n\
+        User: Und jetzt?\nAssistant: Now we pick HNSW.\n\n\
+        User: Danke\nAssistant: Bitte";
+    let texts = |h: &Value| -> Vec<[Value; 4]> {
+        h["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                [
+                    "user_query",
+                    "user_query_en",
+                    "final_answer",
+                    "final_answer_en",
+                ]
+                .map(|f| t.get(f).cloned().unwrap_or(Value::Null))
+            })
+            .collect()
+    };
+
+    // Act
+    let h = app.history_ok(&s, "lang=en&format=turns").await;
+    let cut = app
+        .history_ok(
+            &s,
+            "lang=en&format=turns&max_query_chars=5&max_answer_chars=6",
+        )
+        .await;
+    let started = app
+        .started(json!({"session_id": s, "user_query": "q",
+                        "history": {"lang": "en", "format": "turns"}}))
+        .await;
+
+    // Assert: the copies where set, absent where not; the count is the
+    // English rendering's.
+    let (q1, a1, a2) = (
+        json!("What is a vector index?"),
+        json!("An index over vectors."),
+        json!("Now we pick HNSW."),
+    );
+    assert_eq!(
+        texts(&h),
+        [
+            [q1.clone(), q1, a1.clone(), a1],
+            [json!("Und jetzt?"), Value::Null, a2.clone(), a2],
+            [json!("Danke"), Value::Null, json!("Bitte"), Value::Null],
+        ],
+        "{h}"
+    );
+    assert!(h["turns"][2].get("user_query_en").is_none(), "{h}");
+    assert_eq!(h["token_count"], count("o200k_base", english));
+    assert_eq!(started["history"], h);
+    // Cut alike, and counted as the English rendering cut.
+    let (q1, a1) = (json!("What  [truncated]"), json!("An ind [truncated]"));
+    assert_eq!(texts(&cut)[0], [q1.clone(), q1, a1.clone(), a1], "{cut}");
+    assert_eq!(cut["turns"][0]["truncated"], true);
+    assert_eq!(cut["turns"][2]["truncated"], false);
+    let english_cut = app
+        .history_ok(&s, "lang=en&max_query_chars=5&max_answer_chars=6")
+        .await;
+    assert_eq!(
+        cut["token_count"],
+        count("o200k_base", english_cut["rendered"].as_str().unwrap())
+    );
+    // A budget of the English rendering's newest two turns takes them.
+    let two = "### Conversation history:\n\
+        User: Und jetzt?\nAssistant: Now we pick HNSW.\n\n\
+        User: Danke\nAssistant: Bitte";
+    let budget = count("o200k_base", two);
+    let two_turns = app
+        .history_ok(&s, &format!("lang=en&format=turns&max_tokens={budget}"))
+        .await;
+    assert_eq!(texts(&two_turns), texts(&h)[1..]);
+    assert_eq!(two_turns["token_count"], budget);
+    assert_eq!(two_turns["stopped_by"], "max_tokens");
 }
 
 async fn copies_have_the_limits_of_their_originals(backend: Backend) {
@@ -268,6 +371,7 @@ async fn copies_leave_with_their_turns(backend: Backend) {
     let h = app.history_ok(&s, "format=turns&lang=en").await;
     assert_eq!(h["total_turns"], 1);
     assert_eq!(h["turns"][0]["final_answer"], "a-en");
+    assert_eq!(h["turns"][0]["final_answer_en"], "a-en");
     let key = format!("{}:{{{s}}}:r", app.settings.key_prefix);
     // Counted by HLEN: a field's name is a turn id's bytes, which may hold
     // a newline (HKEYS's lines would split it). A node that does not serve

@@ -525,7 +525,23 @@ pub struct Nginx {
 }
 
 impl Nginx {
+    /// Spreads requests over `upstreams`, as a load balancer in front of
+    /// several instances.
     pub fn balance(upstreams: &[String]) -> Self {
+        Nginx::start(upstreams, "/", "http://turnstore")
+    }
+
+    /// Serves `upstream` under `prefix` (`/turnstore`), which it strips:
+    /// `{prefix}/docs` is the upstream's `/docs`.
+    pub fn under_prefix(upstream: &str, prefix: &str) -> Self {
+        Nginx::start(
+            &[upstream.to_owned()],
+            &format!("{prefix}/"),
+            "http://turnstore/",
+        )
+    }
+
+    fn start(upstreams: &[String], location: &str, pass: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let d = dir.path().display();
@@ -539,8 +555,8 @@ impl Nginx {
              http {{\n    access_log off;\n    client_body_temp_path {d}/body;\n    proxy_temp_path {d}/proxy;\n\
                  fastcgi_temp_path {d}/fcgi;\n    uwsgi_temp_path {d}/uwsgi;\n    scgi_temp_path {d}/scgi;\n\
                  upstream turnstore {{\n{servers}        keepalive 32;\n    }}\n\
-                 server {{\n        listen 127.0.0.1:{port};\n        location / {{\n\
-                     proxy_pass http://turnstore;\n            proxy_http_version 1.1;\n\
+                 server {{\n        listen 127.0.0.1:{port};\n        location {location} {{\n\
+                     proxy_pass {pass};\n            proxy_http_version 1.1;\n\
                      proxy_set_header Connection \"\";\n            proxy_next_upstream error timeout;\n\
                      proxy_connect_timeout 1s;\n            proxy_read_timeout 10s;\n        }}\n    }}\n}}\n"
         );

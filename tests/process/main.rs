@@ -563,5 +563,45 @@ async fn docs_page_is_served_with_its_assets() {
     assert!(page.text().await.unwrap().contains("swagger-ui"));
     assert_eq!(bundle.status(), 200);
     assert!(bundle.bytes().await.unwrap().len() > 100_000);
-    assert!(init.text().await.unwrap().contains("/openapi.json"));
+    assert!(init.text().await.unwrap().contains("\"../openapi.json\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docs_page_works_behind_a_proxy_under_a_path_prefix() {
+    // Arrange: nginx serving the binary under /turnstore (and stripping it).
+    let ts = Turnstore::spawn(&[]);
+    let nginx = harness::Nginx::under_prefix(&ts.listen(), "/turnstore");
+    let http = client();
+    let base = reqwest::Url::parse(&nginx.base()).unwrap();
+
+    // Act: what a browser does, from the URL a user types.
+    let page = http
+        .get(base.join("/turnstore/docs").unwrap())
+        .send()
+        .await
+        .unwrap();
+    let page_url = page.url().clone();
+    let html = page.text().await.unwrap();
+    let init = http
+        .get(page_url.join("./swagger-initializer.js").unwrap())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let url = init
+        .split("\"url\": \"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no url in {init}"));
+    let document = http.get(page_url.join(url).unwrap()).send().await.unwrap();
+
+    // Assert: the redirect kept the prefix, and so did the document's URL.
+    assert_eq!(page_url.path(), "/turnstore/docs/", "{}", nginx.log());
+    assert!(html.contains("swagger-ui"));
+    assert_eq!(document.url().path(), "/turnstore/openapi.json");
+    assert_eq!(document.status(), 200, "{}", nginx.log());
+    let doc: Value = document.json().await.unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
 }

@@ -82,7 +82,12 @@ def test_a_lang_en_turns_history_holds_the_rendered_texts(client: Client, sessio
         ("What is an index?", "A structure."),
         ("Und HNSW?", "A graph."),
     ]
-    assert all(t.user_query_en is None and t.final_answer_en is None for t in turns)
+    # The copies are carried too, where set: they tell what was translated.
+    assert [(t.user_query_en, t.final_answer_en) for t in turns] == [
+        ("What is an index?", "A structure."),
+        (None, "A graph."),
+        (None, None),
+    ]
 
 
 def test_copies_are_truncated_like_the_originals(client: Client, session: str) -> None:

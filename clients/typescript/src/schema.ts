@@ -464,7 +464,9 @@ export interface components {
              * @description Render with this template instead of the `text` format (built-ins
              *     `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):
              *     same budget rule, exact `token_count`; `format` must be `text`.
-             *     Unknown: 404 `template_not_found`.
+             *     Unknown: 404 `template_not_found`. A template that fails, or an
+             *     operator's that renders more than twice `TURNSTORE_MAX_HISTORY_BYTES`
+             *     plus 1 MiB: 422 `template_error`.
              * @example xml
              */
             template?: string | null;
@@ -908,7 +910,7 @@ export interface components {
             truncated: boolean;
             /**
              * @description The English copy of the question, when the turn has one (in a
-             *     `lang=en` history, `user_query` holds it instead).
+             *     `lang=en` history, `user_query` holds it too: the text rendered).
              */
             user_query_en?: string;
             /** @description The English copy of the answer, likewise. */
@@ -1338,7 +1340,9 @@ export interface operations {
                  * @description Render with this template instead of the `text` format (built-ins
                  *     `xml` and `markdown`, and the server's `TURNSTORE_TEMPLATES_DIR`):
                  *     same budget rule, exact `token_count`; `format` must be `text`.
-                 *     Unknown: 404 `template_not_found`.
+                 *     Unknown: 404 `template_not_found`. A template that fails, or an
+                 *     operator's that renders more than twice `TURNSTORE_MAX_HISTORY_BYTES`
+                 *     plus 1 MiB: 422 `template_error`.
                  * @example xml
                  */
                 template?: string;

@@ -126,6 +126,11 @@ impl Compiled {
         self.id
     }
 
+    /// The line where the macro of `part` is defined, if it is.
+    pub fn line(&self, part: Part) -> Option<usize> {
+        self.lines[part as usize]
+    }
+
     /// Whether a rendering may depend on the globals. When not, a macro
     /// without arguments always renders the same text.
     pub fn uses_globals(&self) -> bool {

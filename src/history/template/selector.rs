@@ -18,6 +18,11 @@
 //! whose joints are short is cheap enough to take on an async worker
 //! ([`TemplateSelector::ready`]); the others are rendered and counted on
 //! the blocking pool.
+//!
+//! An operator's template may add to the contents it renders, but not
+//! without bound: a rendering grows by one piece at a time, and one that
+//! would pass [`max_rendering_bytes`] is an error before its piece is
+//! counted, so a read never holds (nor tokenizes) much more than that.
 
 use std::sync::Arc;
 
@@ -25,12 +30,23 @@ use minijinja::Value;
 
 use super::joints::{Counter, Known, Run};
 use super::rendered::{MAX_END_BYTES, Rendered, TurnKey};
-use super::sandbox::Part;
+use super::sandbox::{MAX_OUTPUT_BYTES, Part};
 use super::{Caches, Globals, Summary, Template, TemplateError, context};
 use crate::domain::TurnId;
 use crate::history::select::truncate;
 use crate::history::{Candidate, Options, SelectedTurn, StoppedBy};
 use crate::turn::TurnView;
+
+/// The most an operator's template may render in one history: the
+/// contents (at most `max_history_bytes`, `TURNSTORE_MAX_HISTORY_BYTES`)
+/// twice over, for markup and escaping, and one macro's largest output
+/// ([`MAX_OUTPUT_BYTES`]) besides. The built-ins render their contents
+/// once (escaped by `xml`) and are not held to it.
+pub fn max_rendering_bytes(max_history_bytes: u64) -> u64 {
+    max_history_bytes
+        .saturating_mul(2)
+        .saturating_add(MAX_OUTPUT_BYTES as u64)
+}
 
 /// What a templated read returns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,6 +126,10 @@ pub struct TemplateSelector {
     /// Exact count of the current rendering.
     tokens: u64,
     bytes: u64,
+    /// UTF-8 bytes of the current rendering, and the most it may grow to
+    /// (`None` for a built-in).
+    output: u64,
+    max_output: Option<u64>,
     stopped: Option<StoppedBy>,
 }
 
@@ -165,6 +185,11 @@ impl TemplateSelector {
             room: opts.limit,
             tokens: 0,
             bytes: 0,
+            output: 0,
+            max_output: template
+                .native
+                .is_none()
+                .then(|| max_rendering_bytes(opts.max_bytes)),
             stopped: None,
             counter,
         };
@@ -184,6 +209,8 @@ impl TemplateSelector {
         }
         let header = std::mem::take(&mut self.before);
         self.before = run.then(header, &self.counter);
+        // One macro's output: within `max_rendering_bytes` whatever it is.
+        self.output = text.len() as u64;
         self.summary = Some(text);
         self.tokens = tokens;
         self.bytes = bytes;
@@ -208,7 +235,7 @@ impl TemplateSelector {
         if !self.has_room() {
             return Ok(false);
         }
-        let (turn, rendered, bytes) = self.measure(c)?;
+        let (turn, rendered, bytes, output) = self.measure(c)?;
         let run = rendered.run.clone();
         let mut with_first = std::mem::take(&mut self.before).then(run, &self.counter);
         let total = with_first.count_joined(&mut self.fixed.footer_run.clone(), &self.counter);
@@ -218,7 +245,7 @@ impl TemplateSelector {
         }
         self.before = with_first.then(self.fixed.separator_run.clone(), &self.counter);
         self.first = Some((turn, rendered.piece.clone()));
-        self.accept(total, bytes);
+        self.accept(total, bytes, output);
         Ok(true)
     }
 
@@ -228,7 +255,7 @@ impl TemplateSelector {
         if !self.has_room() {
             return Ok(false);
         }
-        let (turn, rendered, bytes) = self.measure(c)?;
+        let (turn, rendered, bytes, output) = self.measure(c)?;
         let run = rendered.run.clone();
         let mut rest = match self.after.take() {
             None => run.then(self.fixed.footer_run.clone(), &self.counter),
@@ -243,7 +270,7 @@ impl TemplateSelector {
         }
         self.after = Some(rest);
         self.chosen.push((turn, rendered.piece.clone()));
-        self.accept(total, bytes);
+        self.accept(total, bytes, output);
         Ok(true)
     }
 
@@ -314,10 +341,33 @@ impl TemplateSelector {
         Ok(())
     }
 
-    fn accept(&mut self, tokens: u64, bytes: u64) {
+    fn accept(&mut self, tokens: u64, bytes: u64, output: u64) {
         self.tokens = tokens;
         self.bytes += bytes;
+        self.output = output;
         self.room -= 1;
+    }
+
+    /// The bytes of the rendering with one more turn, rendered in `piece`
+    /// bytes: an error past `max_output`.
+    fn output_with(&self, piece: usize) -> Result<u64, TemplateError> {
+        let f = &self.fixed;
+        let joint = if self.first.is_none() && self.chosen.is_empty() {
+            f.header.len() + f.footer.len()
+        } else {
+            f.separator.len()
+        };
+        let output = self.output + (joint + piece) as u64;
+        match self.max_output {
+            Some(max) if output > max => {
+                let message = format!(
+                    "the rendering is larger than {max} bytes (twice \
+                     TURNSTORE_MAX_HISTORY_BYTES and 1 MiB)"
+                );
+                Err(TemplateError::new(self.template.turn_line(), message))
+            }
+            _ => Ok(output),
+        }
     }
 
     /// Whether taking `c` is cheap enough for an async worker: its
@@ -360,8 +410,13 @@ impl TemplateSelector {
     }
 
     /// Truncates the contents as `Selector` does, and renders and counts
-    /// the turn, or finds it rendered and counted.
-    fn measure(&mut self, c: Candidate) -> Result<(SelectedTurn, Rendered, u64), TemplateError> {
+    /// the turn, or finds it rendered and counted. Also returns the
+    /// contents' bytes, and the bytes of the rendering with the turn,
+    /// checked before the turn is counted.
+    fn measure(
+        &mut self,
+        c: Candidate,
+    ) -> Result<(SelectedTurn, Rendered, u64, u64), TemplateError> {
         // A read offers each turn once, so what `ready` found under this
         // turn's id is this candidate's.
         let (key, found) = match self.found.take() {
@@ -396,10 +451,14 @@ impl TemplateSelector {
             },
             truncated: query_cut || answer_cut,
         };
-        let rendered = match found {
-            Some(rendered) => rendered,
+        let (rendered, output) = match found {
+            Some(rendered) => {
+                let output = self.output_with(rendered.piece.len())?;
+                (rendered, output)
+            }
             None => {
                 let piece = self.template.turn(&self.globals, &turn)?;
+                let output = self.output_with(piece.len())?;
                 let v = &turn.turn;
                 let known = [
                     (&v.user_query, known_query),
@@ -414,10 +473,10 @@ impl TemplateSelector {
                 });
                 let piece: Arc<str> = piece.into();
                 let run = Run::segment_knowing(&piece, &self.counter, known);
-                self.caches.turns.put(key, Rendered { piece, run })
+                (self.caches.turns.put(key, Rendered { piece, run }), output)
             }
         };
-        Ok((turn, rendered, bytes))
+        Ok((turn, rendered, bytes, output))
     }
 }
 
@@ -853,6 +912,66 @@ mod tests {
         let s = check(&cs, &o, &builtin("xml"), None).unwrap();
         assert_eq!((seqs(&s.turns), s.bytes), (vec![3], 4));
         assert_eq!(s.stopped_by, Some(StoppedBy::MaxBytes));
+    }
+
+    #[test]
+    fn an_operators_rendering_is_capped_before_it_is_counted() {
+        // Arrange: a template repeating a string far beyond its contents,
+        // 300 KB a turn, and a history cap of 100 bytes (a rendering of
+        // 1 MiB and 200 bytes at most: three turns, not four).
+        let t = Template::compile(
+            "bloat",
+            "{% macro header() %}<hh>{% endmacro %}\n\
+             {% macro turn(turn) %}{{ turn.user_query }}{{ 'word ' * 60000 }}{% endmacro %}",
+        )
+        .unwrap();
+        let cs = candidates(&[("q1", "a1"), ("q2", "a2"), ("q3", "a3"), ("q4", "a4")]);
+        let mut o = opts(Encoding::O200kBase, 10_000_000);
+        o.max_bytes = 100;
+        let max = max_rendering_bytes(o.max_bytes);
+        assert_eq!(max, 200 + 1024 * 1024);
+        let caches = Caches::new(1 << 12, 1 << 22);
+
+        // Act
+        let err = pick(&cs, &o, &t, None, &caches).unwrap_err();
+        let tokenized = caches.counts.tokenized_bytes();
+        let again = pick(&cs, &o, &t, None, &caches).unwrap_err();
+        let two = pick(&cs[2..], &o, &t, None, &caches).unwrap();
+
+        // Assert: the fourth piece passes the cap (the first three found
+        // in the cache the second time): an error naming the turn macro,
+        // and the piece that passed it was not counted.
+        assert_eq!(err.line, Some(2), "{err}");
+        assert_eq!(
+            err.message,
+            format!(
+                "the rendering is larger than {max} bytes \
+                 (twice TURNSTORE_MAX_HISTORY_BYTES and 1 MiB)"
+            )
+        );
+        assert_eq!(again, err);
+        assert!(tokenized < 3 * 300_002 + 1024, "{tokenized}");
+        assert_eq!(two.turns.len(), 2);
+        assert_eq!(two.rendered.len(), 4 + 2 * 300_002);
+        // A rendering of exactly the cap is whole; one byte less fails.
+        let four = 4 + 4 * 300_002;
+        o.max_bytes = (four - 1024 * 1024) / 2;
+        assert_eq!(max_rendering_bytes(o.max_bytes), four);
+        let whole = pick(&cs, &o, &t, None, &caches).unwrap();
+        assert_eq!(whole.rendered.len() as u64, four);
+        o.max_bytes -= 1;
+        assert!(pick(&cs, &o, &t, None, &caches).is_err());
+    }
+
+    #[test]
+    fn the_built_ins_are_not_held_to_the_rendering_cap() {
+        // Quotes escape to six bytes each in `xml`: four times the cap.
+        let quotes = "'".repeat(200_000);
+        let cs = candidates(&[(&quotes, &quotes)]);
+        let mut o = opts(Encoding::O200kBase, 10_000_000);
+        o.max_bytes = 400_000;
+        let s = select_template(cs.into_iter(), &o, &builtin("xml"), &GLOBALS, None).unwrap();
+        assert!(s.rendered.len() as u64 > max_rendering_bytes(o.max_bytes));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use redis::Value;
 
 use super::RedisStore;
-use super::record;
+use super::record::{self, Translations};
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use super::summaries::{self, Described};
@@ -125,8 +125,7 @@ pub(super) enum PageEnd {
 }
 
 impl Page {
-    /// `english`: the read renders English copies (`lang=en`).
-    pub fn parse(v: Value, english: bool) -> Result<Self, StoreError> {
+    pub fn parse(v: Value, read: Translations) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         let status = r.string()?;
         let reason = r.string()?;
@@ -134,9 +133,9 @@ impl Page {
         let total = r.uint()?;
         let first = match r.next()? {
             Value::Nil => None,
-            v => candidates(Reply::array(v)?, english)?.pop(),
+            v => candidates(Reply::array(v)?, read)?.pop(),
         };
-        let entries = candidates(Reply::array(r.next()?)?, english)?;
+        let entries = candidates(Reply::array(r.next()?)?, read)?;
         let summary = summaries::parse(r.next()?)?;
         let described = Described::parse(r.next()?)?;
         let status = match status.as_str() {
@@ -168,19 +167,19 @@ struct HistoryReply {
 }
 
 impl HistoryReply {
-    fn parse(v: Value, english: bool) -> Result<Self, StoreError> {
+    fn parse(v: Value, read: Translations) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         Ok(HistoryReply {
             owner: r.owner()?,
             pending_turns: r.uint()?,
-            page: Page::parse(r.next()?, english)?,
+            page: Page::parse(r.next()?, read)?,
             generation: record::generation(&r.bytes()?),
         })
     }
 }
 
 /// Flat `member, record, tail or false, English copies or false` entries.
-fn candidates(mut r: Reply, english: bool) -> Result<Vec<Candidate>, StoreError> {
+fn candidates(mut r: Reply, read: Translations) -> Result<Vec<Candidate>, StoreError> {
     let mut out = Vec::new();
     while let Ok(member) = r.next() {
         let member = Reply::bytes_of(member)?;
@@ -192,7 +191,7 @@ fn candidates(mut r: Reply, english: bool) -> Result<Vec<Candidate>, StoreError>
             &rec,
             tail.as_deref(),
             en.as_deref(),
-            english,
+            read,
         )?);
     }
     Ok(out)
@@ -289,7 +288,7 @@ impl RedisStore {
                 PageEnd::More(before) => {
                     let o = sel.options();
                     let args = walk_args(o, budget_of(&sel), after, Some(before), false, false);
-                    let english = o.english;
+                    let translations = Translations::of(o);
                     let v: Value = self
                         .run_session(&self.scripts.history, session.as_str(), args![now, args])
                         .await?;
@@ -297,7 +296,7 @@ impl RedisStore {
                         // The session went away between the pages.
                         return Ok(sel);
                     }
-                    let next = HistoryReply::parse(v, english)?;
+                    let next = HistoryReply::parse(v, translations)?;
                     if next.generation != generation {
                         // It went away and was started again.
                         return Ok(sel);
@@ -335,7 +334,7 @@ impl RedisStore {
                 ..StoredHistory::default()
             });
         }
-        let reply = HistoryReply::parse(v, read.english)?;
+        let reply = HistoryReply::parse(v, Translations::of(read))?;
         let s = self
             .select_pages(
                 session,

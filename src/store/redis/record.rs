@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use super::reply::corrupt;
 use crate::domain::TurnId;
-use crate::history::{Candidate, Content, Copies};
+use crate::history::{Candidate, Content, Copies, Format, Options};
 use crate::store::StoreError;
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 use crate::turn::{Millis, NewPendingTurn, TurnView};
@@ -224,16 +224,35 @@ pub fn member(bytes: &[u8]) -> Result<Member, StoreError> {
     })
 }
 
+/// What a history read does with the English copies of translated turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Translations {
+    /// `lang=en`: render them instead of the originals.
+    pub english: bool,
+    /// A `turns` read: its Turn objects show them (beside the originals,
+    /// or beside themselves with `lang=en`).
+    pub shown: bool,
+}
+
+impl Translations {
+    pub fn of(read: &Options) -> Self {
+        Translations {
+            english: read.english,
+            shown: read.format == Format::Turns,
+        }
+    }
+}
+
 /// An entry of a history page: a member, its record (maybe cut) and, for a
 /// whole turn longer than a record's head, its tail (the rest of the
 /// question, then of the answer); the English copies when the read needs
-/// them: `english` (`lang=en`) renders them, otherwise they go beside.
+/// them (see [`Translations`]).
 pub fn candidate(
     member_bytes: &[u8],
     rec: &[u8],
     tail: Option<&[u8]>,
     en: Option<&[u8]>,
-    english_read: bool,
+    read: Translations,
 ) -> Result<Candidate, StoreError> {
     let m = member(member_bytes)?;
     let f = finalized(rec)?;
@@ -270,8 +289,8 @@ pub fn candidate(
         copies: Copies::default(),
     };
     let needs_copies = m.english.is_some();
-    match (copies, english_read) {
-        (None, _) if needs_copies && english_read => {
+    match (copies, read.english) {
+        (None, _) if needs_copies && read.english => {
             return Err(corrupt("a translated turn came without its copies"));
         }
         (Some(c), true) => {
@@ -279,6 +298,12 @@ pub fn candidate(
                 .english
                 .ok_or_else(|| corrupt("English copies of an untranslated turn"))?;
             candidate.costs = costs;
+            if read.shown {
+                candidate.copies = Copies {
+                    user_query: c.query.clone().map(Content::whole),
+                    final_answer: c.answer.clone().map(Content::whole),
+                };
+            }
             candidate.user_query = match (flags & 1 != 0, c.query) {
                 (true, Some(q)) => Content::whole(q),
                 (false, None) => content(query, m.costs.query_bytes)?,
@@ -363,7 +388,7 @@ mod tests {
                 rec.as_bytes(),
                 None,
                 None,
-                false,
+                Translations::default(),
             )
             .unwrap();
             assert_eq!(c.costs.query.encoding, enc);
@@ -381,7 +406,7 @@ mod tests {
                 rec.as_bytes(),
                 None,
                 None,
-                false,
+                Translations::default(),
             )
             .unwrap();
             assert!(!c.recount);
@@ -392,7 +417,7 @@ mod tests {
                 rec.as_bytes(),
                 None,
                 None,
-                false
+                Translations::default()
             )
             .is_err()
         );

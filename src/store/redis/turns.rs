@@ -7,7 +7,7 @@ use redis::Value;
 
 use super::RedisStore;
 use super::reads::{Found, Page, first_budget, pack, walk_args};
-use super::record::{self, id_bytes};
+use super::record::{self, Translations, id_bytes};
 use super::reply::{Reply, corrupt};
 use super::scripts::args;
 use crate::domain::{SessionId, TurnId, UserId};
@@ -51,7 +51,7 @@ enum StartReply {
 }
 
 impl StartReply {
-    fn parse(v: Value, english: bool) -> Result<Self, StoreError> {
+    fn parse(v: Value, read: Translations) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         let status = r.string()?;
         Ok(match status.as_str() {
@@ -72,7 +72,7 @@ impl StartReply {
                 started_at: r.int()?,
                 page: match r.next()? {
                     Value::Nil => None,
-                    v => Some(Box::new(Page::parse(v, english)?)),
+                    v => Some(Box::new(Page::parse(v, read)?)),
                 },
                 pending_before: r.uint()?,
                 purged: r.uint()?,
@@ -167,8 +167,10 @@ impl RedisStore {
             let v: Value = self
                 .run_session(&self.scripts.start_turn, session.as_str(), a)
                 .await?;
-            let reading_english = req.history.is_some_and(|h| h.english);
-            match StartReply::parse(v, reading_english)? {
+            let translations = req
+                .history
+                .map_or_else(Translations::default, Translations::of);
+            match StartReply::parse(v, translations)? {
                 StartReply::OwnerMismatch => return Err(StoreError::OwnerMismatch),
                 StartReply::IdempotencyKeyReused => {
                     return Err(StoreError::IdempotencyKeyReused);
