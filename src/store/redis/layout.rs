@@ -348,8 +348,7 @@ impl RedisStore {
     }
 
     async fn migrate_once(&self, script: &Lua, keys: &[String]) -> Result<(u64, u64), StoreError> {
-        self.invoke(script, keys, std::iter::empty::<Vec<u8>>())
-            .await
+        self.invoke::<_, _, Vec<u8>>(script, keys, &[]).await
     }
 
     /// Runs a paged migration on one session until it is done, indexing
@@ -366,7 +365,7 @@ impl RedisStore {
         loop {
             let a = super::scripts::args![now_millis(), horizon, if finish { "1" } else { "0" }];
             let (status, n, owner, ix): (String, u64, String, i64) =
-                self.invoke(script, keys, a).await?;
+                self.invoke(script, keys, &a).await?;
             changes += n;
             match status.as_str() {
                 "more" => {}
@@ -375,7 +374,7 @@ impl RedisStore {
                         let now = now_millis();
                         let a = super::scripts::args![session, now, ix, 0, ms(INDEX_SKEW)];
                         let _: i64 = self
-                            .invoke(&self.scripts.index_add, [self.keys.user_index(&owner)], a)
+                            .invoke(&self.scripts.index_add, &[self.keys.user_index(&owner)], &a)
                             .await?;
                     }
                     finish = true;
@@ -390,7 +389,7 @@ impl RedisStore {
         let mut after = "0".to_owned();
         loop {
             let (status, next): (String, String) = self
-                .invoke(script, keys, super::scripts::args![after.as_str()])
+                .invoke(script, keys, &super::scripts::args![after.as_str()])
                 .await?;
             match status.as_str() {
                 "more" => after = next,

@@ -119,17 +119,16 @@ impl RedisStore {
     pub(super) async fn invoke<T, K, A>(
         &self,
         script: &Lua,
-        keys: impl IntoIterator<Item = K>,
-        args: impl IntoIterator<Item = A>,
+        keys: &[K],
+        args: &[A],
     ) -> Result<T, StoreError>
     where
         T: FromRedisValue + Send + 'static,
-        K: redis::ToRedisArgs,
-        A: redis::ToRedisArgs,
+        K: redis::ToRedisArgs + Sync,
+        A: redis::ToRedisArgs + Sync,
     {
-        let keys: Vec<Vec<u8>> = keys.into_iter().flat_map(|k| k.to_redis_args()).collect();
-        let args: Vec<Vec<u8>> = args.into_iter().flat_map(|a| a.to_redis_args()).collect();
-        let (keys, args) = (&keys, &args);
+        // Built again for each attempt (a second one is rare): the
+        // arguments are copied once a call, as a ScriptInvocation does.
         self.conn
             .with_conn(script.again, |mut conn| async move {
                 let mut inv = script.script.prepare_invoke();
@@ -152,7 +151,8 @@ impl RedisStore {
         args: Vec<Vec<u8>>,
     ) -> Result<T, StoreError> {
         self.layout_checked().await?;
-        self.invoke(script, self.keys.session(session), args).await
+        self.invoke(script, &self.keys.session(session), &args)
+            .await
     }
 
     /// Runs a script that takes any number of sessions (`lua/probe.lua`,
@@ -174,11 +174,12 @@ impl RedisStore {
             SESSIONS_PER_CALL
         };
         let calls = sessions.chunks(per_call).map(|chunk| {
-            let keys = chunk
+            let keys: Vec<String> = chunk
                 .iter()
-                .flat_map(|(session, _)| self.keys.session(session));
-            let args = args.iter().chain(chunk.iter().map(|(_, a)| a));
-            self.invoke::<Vec<Value>, _, _>(script, keys, args)
+                .flat_map(|(session, _)| self.keys.session(session))
+                .collect();
+            let args: Vec<&Vec<u8>> = args.iter().chain(chunk.iter().map(|(_, a)| a)).collect();
+            async move { self.invoke::<Vec<Value>, _, _>(script, &keys, &args).await }
         });
         let replies = futures_util::future::join_all(calls).await;
         let mut out = Vec::with_capacity(sessions.len());
@@ -196,7 +197,7 @@ impl RedisStore {
         args: Vec<Vec<u8>>,
     ) -> Result<T, StoreError> {
         self.layout_checked().await?;
-        self.invoke(script, [self.keys.user_index(user)], args)
+        self.invoke(script, &[self.keys.user_index(user)], &args)
             .await
     }
 }
