@@ -641,8 +641,11 @@ mod tests {
         let router = Router::new().route("/slow", axum::routing::get(slow));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        // A short header timeout: the watchdog sleeps towards the first
+        // deadline it sees (the head's, before the request) before it looks
+        // again, and the idle close below is checked within seconds.
         let limits = ConnLimits {
-            header_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(1),
             idle_timeout: Duration::from_millis(500),
             write_timeout: Duration::from_secs(30),
             max_connections: 8,

@@ -823,7 +823,8 @@ export interface components {
          *         "pending_turns": 0,
          *         "stopped_by": null,
          *         "rendered": "### Conversation history:\nUser: What is a vector index?\nAssistant: An index that finds the stored vectors nearest to a query vector.",
-         *         "unsummarized": null
+         *         "unsummarized": null,
+         *         "generation": "019abf1c-5e2a-7c3d-9a41-6b2f0e8d4c17"
          *       }
          *     }
          */
