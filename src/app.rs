@@ -79,8 +79,14 @@ impl Application {
             max_connections,
         };
         let summarizer = summarizer(&settings, &store, &metrics)?;
-        let mut state = AppState::new(store, settings, &api_keys, metrics.clone(), templates);
-        state.summarizer = summarizer;
+        let state = AppState::new(
+            store,
+            settings,
+            &api_keys,
+            metrics.clone(),
+            templates,
+            summarizer,
+        );
         let router = router(state);
         Ok(Application {
             listener,
