@@ -85,7 +85,8 @@ impl StartReply {
 }
 
 /// `lua/finalize_turn.lua`'s reply: `{'ok' | 'already', record, English
-/// copies or false}` or `{'not_found'}`.
+/// copies or false}` or `{'not_found'}`; an 'ok' record without its answer
+/// (the one just sent).
 enum FinalizeReply {
     Now(TurnView),
     Already(TurnView),
@@ -93,7 +94,7 @@ enum FinalizeReply {
 }
 
 impl FinalizeReply {
-    fn parse(v: Value, turn: TurnId) -> Result<Self, StoreError> {
+    fn parse(v: Value, turn: TurnId, answer: &str) -> Result<Self, StoreError> {
         let mut r = Reply::array(v)?;
         let status = r.string()?;
         if status == "not_found" {
@@ -101,9 +102,12 @@ impl FinalizeReply {
         }
         let record = r.bytes()?;
         let english = Reply::opt_bytes_of(r.next()?)?;
-        let view = record::view(turn, &record, english.as_deref())?;
+        let mut view = record::view(turn, &record, english.as_deref())?;
         Ok(match status.as_str() {
-            "ok" => FinalizeReply::Now(view),
+            "ok" => {
+                view.final_answer = answer.to_owned();
+                FinalizeReply::Now(view)
+            }
             "already" => FinalizeReply::Already(view),
             other => return Err(corrupt(format!("finalize_turn status {other:?}"))),
         })
@@ -299,7 +303,7 @@ impl RedisStore {
                 ],
             )
             .await?;
-        match FinalizeReply::parse(v, turn)? {
+        match FinalizeReply::parse(v, turn, &end.final_answer)? {
             FinalizeReply::Now(view) => Ok(Finalized::Now(view)),
             FinalizeReply::Already(view) => Ok(Finalized::Already(view)),
             FinalizeReply::NotFound => Err(StoreError::TurnNotFound),

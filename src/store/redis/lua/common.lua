@@ -147,9 +147,12 @@ end
 -- Adds (sign 1) or takes away (-1) finalized turns' members to the sums:
 -- of every turn (ts), and of those a summary covers (cs: seq <= st).
 -- `members`: flat member, seq pairs. `left`: finalized turns after the
--- change (0 empties the sums). Returns nothing; writes h.
-local function tally(members, sign, left)
-  local m = redis.call('HMGET', KEYS[1], 'ts', 'cs', 'st')
+-- change (0 empties the sums). `sums` (optional): {ts, cs, st} as the
+-- caller read them from h, updated here (`sums.cs_changed` when cs is),
+-- for the caller to write with its own HSET; without it, they are read
+-- and written here.
+local function tally(members, sign, left, sums)
+  local m = sums or redis.call('HMGET', KEYS[1], 'ts', 'cs', 'st')
   local covered_to = tonumber(m[3] or '0')
   local tl, ts, tse = unpack_sums(m[1])
   local cl, cs, cse = unpack_sums(m[2])
@@ -169,18 +172,24 @@ local function tally(members, sign, left)
     end
   end
   if left == 0 then tl, ts, tse = '0', 0, 0 end
-  local fields = {'ts', struct.pack(SUMS, tl, ts, tse)}
+  m[1] = struct.pack(SUMS, tl, ts, tse)
   if covered then
-    fields[3] = 'cs'
-    fields[4] = struct.pack(SUMS, cl, cs, cse)
+    m[2] = struct.pack(SUMS, cl, cs, cse)
+    m.cs_changed = true
   end
-  redis.call('HSET', KEYS[1], unpack(fields))
+  if sums then return end
+  if covered then
+    redis.call('HSET', KEYS[1], 'ts', m[1], 'cs', m[2])
+  else
+    redis.call('HSET', KEYS[1], 'ts', m[1])
+  end
 end
 
 -- A finalized record's head and tail (nil when both texts fit the head).
 local function split(header, query, answer)
+  -- (string.sub makes, and hashes, a string even when it is the whole one.)
+  if #query <= HEAD and #answer <= HEAD then return header .. '\n' .. query .. answer, nil end
   local head = header .. '\n' .. string.sub(query, 1, HEAD) .. string.sub(answer, 1, HEAD)
-  if #query <= HEAD and #answer <= HEAD then return head, nil end
   return head, string.sub(query, HEAD + 1) .. string.sub(answer, HEAD + 1)
 end
 
@@ -258,6 +267,8 @@ local function generation(g, created)
 end
 
 local function touch(ttl)
+  -- As a string: a number argument is formatted (%.17g) per call.
+  ttl = string.format('%d', ttl)
   for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ttl) end
 end
 
@@ -273,6 +284,8 @@ end
 local function describe(covered, below, skip, enc, english, above, now)
   -- Seqs are below LIVE: the rest of the zset is pending turns.
   below = math.min(below, tonumber(LIVE))
+  -- A pending turn only lowers `below`: nothing to describe either way.
+  if below <= covered + 1 then return false end
   local returned_from, waiting = below, 0
   local pending = oldest_pending(now)
   if pending and pending < below then

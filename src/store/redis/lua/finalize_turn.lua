@@ -2,7 +2,8 @@
 --       counts a, s, l, max_turns, its English copy's counts a, s, l (0
 --       without one); 2 turn id, 3 final answer, 4 encoding letter of its
 --       counts, 5 the answer's English copy or ''
--- Returns {'ok', record, English copies or false} |
+-- Returns {'ok', record without its answer (the caller has it), English
+--         copies or false} |
 --         {'already', record, English copies or false} | {'not_found'}
 local now, session_ttl, a, s, l, max_turns, ea, es, el =
   struct.unpack('>ddddddddd', ARGV[1])
@@ -61,9 +62,10 @@ redis.call('HDEL', KEYS[2], tid .. 'p')
 redis.call('ZREM', KEYS[3], tid)
 redis.call('ZADD', KEYS[3], seq, member)
 
-local meta = redis.call('HMGET', KEYS[1], 'n', 'keyed')
+local meta = redis.call('HMGET', KEYS[1], 'n', 'keyed', 'ts', 'cs', 'st')
+local sums = {meta[3], meta[4], meta[5]}
 local count = tonumber(meta[1] or '0') + 1
-tally({member, seq}, 1, count)
+tally({member, seq}, 1, count, sums)
 local excess = count - max_turns
 if excess > 0 then
   -- The lowest scores are the oldest finalized turns.
@@ -72,8 +74,12 @@ if excess > 0 then
   for i = 1, #old, 2 do ids[#ids + 1] = string.sub(old[i], 1, ID) end
   forget(ids, meta[2])
   count = count - #ids
-  tally(old, -1, count)
+  tally(old, -1, count, sums)
 end
-redis.call('HSET', KEYS[1], 'last_active_at', now, 'n', count)
+if sums.cs_changed then
+  redis.call('HSET', KEYS[1], 'last_active_at', now, 'n', count, 'ts', sums[1], 'cs', sums[2])
+else
+  redis.call('HSET', KEYS[1], 'last_active_at', now, 'n', count, 'ts', sums[1])
+end
 touch(session_ttl)
-return {'ok', header .. '\n' .. query .. answer, english}
+return {'ok', header .. '\n' .. query, english}

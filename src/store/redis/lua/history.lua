@@ -1,7 +1,7 @@
 -- Read-only. ARGV: 1 now, walk arguments from 2 (see walk.lua).
 -- Returns false (no session) | {owner or '', live pending turns, page,
 --   generation}
-local m = redis.call('HMGET', KEYS[1], 'user_id', 'next_seq', 'n', 'g', 'created_at')
+local m = redis.call('HMGET', KEYS[1], 'user_id', 'next_seq', 'n', 'g', 'created_at', 'st', 'sh')
 if not m[2] then return false end
-return {m[1] or '', live_pending(tonumber(ARGV[1])), walk(2, nil, tonumber(m[3] or '0'), tonumber(ARGV[1])),
-  generation(m[4], m[5])}
+return {m[1] or '', live_pending(tonumber(ARGV[1])),
+  walk(2, nil, tonumber(m[3] or '0'), tonumber(ARGV[1]), {m[6], m[7]}), generation(m[4], m[5])}

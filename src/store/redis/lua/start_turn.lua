@@ -23,7 +23,9 @@ local user, tid_new, tail, key, hash, indexed_for, english =
 reading = reading == 1
 
 local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n',
-  'g', 'created_at', 'ia')
+  'g', 'created_at', 'ia', 'st', 'sh')
+-- What the walk would read of h again.
+local known = {meta[10], meta[11]}
 local owner = meta[1]
 if owner == '' then owner = false end
 if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
@@ -36,7 +38,7 @@ local function again(status, tid, seq, rec)
     if p < seq then before = before + 1 end
   end
   local started = string.match(rec, '^%??%d+ (%d+)')
-  local page = reading and walk(9, seq, nil, now) or false
+  local page = reading and walk(9, seq, nil, now, known) or false
   return {status, owner or '', tid, seq, started, page, before, 0, generation(meta[7], meta[8]), 0}
 end
 
@@ -53,25 +55,32 @@ if key ~= '' and meta[5] then
   if rec then return again('replay', tid, tonumber(seq), rec) end
 end
 
--- This very call again: its connection dropped after it ran, and the
--- caller tried once more (a turn id is made per request).
-local mine = redis.call('HGET', KEYS[2], tid_new)
-if mine then return again('ok', tid_new, tonumber(string.match(mine, '^%??(%d+)')), mine) end
-
 -- Pending turns by deadline: the expired ones first (purged below, a
 -- page at a time), then the live ones. One read in the usual case.
 local window = PURGE + cap + 1
 local deadlines = redis.call('ZRANGEBYSCORE', KEYS[3], LIVE, '+inf', 'WITHSCORES', 'LIMIT', 0, window)
-local expired, pending, oldest = {}, 0, nil
+local expired, pending, oldest, mine = {}, 0, nil, false
 for i = 1, #deadlines, 2 do
   if tonumber(deadlines[i + 1]) <= now then
     if #expired < PURGE then expired[#expired + 1] = deadlines[i] end
   else
     pending = pending + 1
     oldest = oldest or deadlines[i + 1]
+    if deadlines[i] == tid_new then mine = true end
   end
 end
-if #deadlines == 2 * window then pending = live_pending(now) end
+local more = #deadlines == 2 * window
+
+-- This very call again: its connection dropped after it ran, and the
+-- caller tried once more (a turn id is made per request). Its turn is
+-- pending (live for the pending TTL, far longer than a retry takes), so
+-- among those just read, unless there were more than a window's.
+if mine or more then
+  local rec = redis.call('HGET', KEYS[2], tid_new)
+  if rec then return again('ok', tid_new, tonumber(string.match(rec, '^%??(%d+)')), rec) end
+end
+
+if more then pending = live_pending(now) end
 if pending >= cap then
   if not oldest then
     oldest = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
@@ -128,6 +137,6 @@ else
   redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail, tid_new .. 'p', seq)
 end
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
-local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now) or false
+local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now, known) or false
 touch(session_ttl)
 return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired, gen, move}

@@ -19,7 +19,8 @@
 -- itself, a template's read: hand them all over).
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
--- when the read's range is all of them.
+-- when the read's range is all of them; `known` (optional) the meta
+-- fields 'st' and 'sh' as the caller read them ({st, sh}).
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries, the
 -- summary {text, through seq, SUMMARY header} or false, the unsummarized
@@ -42,7 +43,7 @@ local BATCH = 64
 
 local WALK_ARGS = '>ddddddddddddc1BBBBBBBB'
 
-local function walk(at, before, count, now)
+local function walk(at, before, count, now, known)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
     inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies,
     with_summary, describing, budget = struct.unpack(WALK_ARGS, ARGV[at])
@@ -51,7 +52,7 @@ local function walk(at, before, count, now)
   with_summary, describing = with_summary == 1, describing == 1
   local covered, summary = 0, false
   if with_summary or describing then
-    local m = redis.call('HMGET', KEYS[1], 'st', 'sh')
+    local m = known or redis.call('HMGET', KEYS[1], 'st', 'sh')
     covered = tonumber(m[1] or '0')
     if with_summary and m[2] then
       summary = {redis.call('HGET', KEYS[1], 'sm'), m[1], m[2]}
@@ -281,7 +282,8 @@ local function walk(at, before, count, now)
     local below = upper_seq or tonumber(LIVE)
     if last_m then below = tonumber(redis.call('ZSCORE', KEYS[3], last_m)) end
     local above = run_sum
-    if upper_seq then above = above + sum_inner(upper_seq, LIVE, english) end
+    -- Nothing finalized lies at or above a start's own seq.
+    if upper_seq and upper_seq ~= before then above = above + sum_inner(upper_seq, LIVE, english) end
     unsummarized = describe(covered, below, first_seq, enc, english, above, now)
   end
   return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized}

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""The core loop's two scripts, run on Redis alone: what a question costs
+Redis, without the service (its CPU and its scheduling) in the way.
+
+    bench/redis_loop.py PORT LUA_DIR [LUA_DIR...]
+
+Each LUA_DIR is a tree's src/store/redis/lua; they are measured in turn,
+ROUNDS times, interleaved. Each question is start_turn.lua (with the
+history read bench/one_question.lua asks for: text, limit 20, max_tokens
+4096) then finalize_turn.lua, with the arguments the service sends
+(src/store/redis/turns.rs, reads.rs), over CONNS connections (processes),
+for SECONDS, on SESSIONS sessions (fresh each run, so they grow from
+empty; few sessions make long ones). Prints questions and Redis CPU µs a
+question (from /proc ticks of PID, the server's pid) and Redis' µs a call
+of each script (INFO commandstats).
+No dependencies but Python 3: it speaks RESP itself.
+"""
+
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import socket
+import struct
+import sys
+import time
+
+QUESTION = open(os.path.join(os.path.dirname(__file__), "question.txt")).read().strip()
+ANSWER = open(os.path.join(os.path.dirname(__file__), "answer.txt")).read().strip()
+# Counts the service stores for those texts in o200k_base (q, u; a, s, l).
+Q, U = 24, 28
+A, S, L = 120, 124, 123
+SESSION_TTL, PENDING_TTL, MAX_PENDING, MAX_TURNS = 7 * 86400000, 600000, 16, 1000
+
+
+def encode(*args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, int):
+            a = str(a).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Conn:
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port))
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.f = self.s.makefile("rb")
+
+    def call(self, *args):
+        self.s.sendall(encode(*args))
+        return self.read()
+
+    def read(self):
+        line = self.f.readline()
+        t, rest = line[:1], line[1:-2]
+        if t == b"+":
+            return rest
+        if t == b"-":
+            raise RuntimeError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.f.read(n + 2)
+            return data[:-2]
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def scripts(lua):
+    def src(*names):
+        return "\n".join(open(os.path.join(lua, n)).read() for n in names)
+
+    return {
+        "start": src("common.lua", "walk.lua", "start_turn.lua"),
+        "finalize": src("common.lua", "finalize_turn.lua"),
+    }
+
+
+def pack(fmt, *xs):
+    return struct.pack(fmt, *xs)
+
+
+def walk_args():
+    # after, before, room, max_tokens, max_bytes, max q, max a, header,
+    # inner sum, newest inner, newest last, bytes; encoding; text, keep
+    # first, newest may change, English, copies, summary, describe, budget
+    return pack(">dddddddddddd", 0, -1, 20, 4096, 1 << 40, 0, 0, 0, 0, -1, 0, 0) + b"o" + bytes(
+        [1, 0, 1, 0, 0, 0, 1, 1]
+    )
+
+
+def worker(port, shas, prefix, sessions, seconds, seed, out):
+    rnd = random.Random(seed)
+    c = Conn(port)
+    walk = walk_args()
+    done = 0
+    end = time.time() + seconds
+    while time.time() < end:
+        sid = f"{prefix}-{rnd.randrange(sessions)}"
+        keys = [f"{prefix}:{{{sid}}}:{k}" for k in ("h", "r", "s", "f", "l")]
+        now = int(time.time() * 1000)
+        tid = os.urandom(16)
+        numbers = pack(">dddddd", now, SESSION_TTL, PENDING_TTL, MAX_PENDING, 0, 0) + b"\x01"
+        tail = f"{now} - o {Q} {U}\n{QUESTION}"
+        r = c.call("EVALSHA", shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
+        if r[0] != b"ok":
+            raise RuntimeError(f"start_turn: {r[:2]}")
+        numbers = pack(">ddddddddd", int(time.time() * 1000), SESSION_TTL, A, S, L, MAX_TURNS, 0, 0, 0)
+        r = c.call("EVALSHA", shas["finalize"], 5, *keys, numbers, tid, ANSWER, "o", "")
+        if r[0] != b"ok":
+            raise RuntimeError(f"finalize_turn: {r[:2]}")
+        done += 1
+    out.put(done)
+
+
+def ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def main():
+    port, pid, dirs = int(sys.argv[1]), int(os.environ["PID"]), sys.argv[2:]
+    conns = int(os.environ.get("CONNS", "4"))
+    seconds = float(os.environ.get("SECONDS_", os.environ.get("DURATION", "5")))
+    sessions = int(os.environ.get("SESSIONS", "10000"))
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    hz = os.sysconf("SC_CLK_TCK")
+    admin = Conn(port)
+    loaded = []
+    for d in dirs:
+        shas = {}
+        for name, body in scripts(d).items():
+            shas[name] = admin.call("SCRIPT", "LOAD", body).decode()
+            assert shas[name] == hashlib.sha1(body.encode()).hexdigest()
+        loaded.append((d, shas))
+    totals = {d: [0, 0.0] for d in dirs}
+    for rnd in range(rounds):
+        for i, (d, shas) in enumerate(loaded):
+            admin.call("CONFIG", "RESETSTAT")
+            q = mp.Queue()
+            prefix = f"rl{i}r{rnd}-{os.getpid()}"
+            t0 = ticks(pid)
+            procs = [
+                mp.Process(target=worker, args=(port, shas, prefix, sessions, seconds, rnd * 100 + k, q))
+                for k in range(conns)
+            ]
+            for p in procs:
+                p.start()
+            n = sum(q.get() for _ in procs)
+            for p in procs:
+                p.join()
+            cpu_us = (ticks(pid) - t0) / hz * 1e6
+            stats = admin.call("INFO", "commandstats").decode()
+            per = {}
+            for line in stats.splitlines():
+                if line.startswith("cmdstat_evalsha:"):
+                    kv = dict(x.split("=") for x in line.split(":", 1)[1].split(","))
+                    per["evalsha"] = float(kv["usec_per_call"])
+            # Each script's µs a call, from a one-second SLOWLOG sample.
+            admin.call("SLOWLOG", "RESET")
+            admin.call("CONFIG", "SET", "slowlog-max-len", "1000000")
+            admin.call("CONFIG", "SET", "slowlog-log-slower-than", "0")
+            procs = [
+                mp.Process(target=worker, args=(port, shas, prefix, sessions, 1.0, rnd * 100 + conns + k, q))
+                for k in range(conns)
+            ]
+            for p in procs:
+                p.start()
+            for _ in procs:
+                q.get()
+            for p in procs:
+                p.join()
+            admin.call("CONFIG", "SET", "slowlog-log-slower-than", "10000")
+            names = {v: k for k, v in shas.items()}
+            calls, usec = {}, {}
+            for entry in admin.call("SLOWLOG", "GET", "-1"):
+                args = entry[3]
+                if args[0].lower() == b"evalsha":
+                    name = names.get(args[1].decode(), "other")
+                    calls[name] = calls.get(name, 0) + 1
+                    usec[name] = usec.get(name, 0) + entry[2]
+            admin.call("SLOWLOG", "RESET")
+            per.update({k: usec[k] / calls[k] for k in calls})
+            us = cpu_us / max(n, 1)
+            totals[d][0] += n
+            totals[d][1] += us
+            print(f"{d} round={rnd + 1} questions={n} redis_cpu_us_per_q={us:.1f} evalsha_us_per_call={per.get('evalsha', 0):.1f} start={per.get('start', 0):.1f} finalize={per.get('finalize', 0):.1f}")
+            sys.stdout.flush()
+    for d in dirs:
+        n, us = totals[d]
+        print(f"# {d}: {n / rounds / seconds:.0f} questions/s, {us / rounds:.1f} Redis CPU us a question")
+
+
+if __name__ == "__main__":
+    main()
