@@ -14,6 +14,13 @@ empty; few sessions make long ones). Prints questions and Redis CPU µs a
 question (from /proc ticks of PID, the server's pid) and Redis' µs a call
 of each script (INFO commandstats).
 No dependencies but Python 3: it speaks RESP itself.
+
+Two experiments, for designs measured in issue 20 (each with a LUA_DIR
+prepared for it): DEFER=1 fetches the records of the page the start
+returned with a plain HMGET (a walk that returns turn ids in place of
+records); ENGINE=1 sends the start in a MULTI with a plain
+ZREVRANGEBYSCORE of the newest 21 members, then fetches the records of
+20 with a plain HMGET (a start without the walk: the read outside Lua).
 """
 
 import hashlib
@@ -111,9 +118,28 @@ def worker(port, shas, prefix, sessions, seconds, seed, out):
         tid = os.urandom(16)
         numbers = pack(">dddddd", now, SESSION_TTL, PENDING_TTL, MAX_PENDING, 0, 0) + b"\x01"
         tail = f"{now} - o {Q} {U}\n{QUESTION}"
-        r = c.call("EVALSHA", shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
+        if os.environ.get("ENGINE"):
+            # The read outside Lua: the start and the newest members in one
+            # MULTI, then the records of those that fit.
+            c.s.sendall(
+                encode("MULTI")
+                + encode("EVALSHA", shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
+                + encode("ZREVRANGEBYSCORE", keys[2], "(1000000000000", "-inf", "LIMIT", 0, 21)
+                + encode("EXEC")
+            )
+            c.read()
+            c.read()
+            c.read()
+            r, members = c.read()
+            if members:
+                c.call("HMGET", keys[1], *[m[:16] for m in members[:20]])
+        else:
+            r = c.call("EVALSHA", shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
         if r[0] != b"ok":
             raise RuntimeError(f"start_turn: {r[:2]}")
+        if os.environ.get("DEFER") and isinstance(r[5], list) and r[5][5]:
+            ids = [m[:16] for m in r[5][5][0::4]]
+            c.call("HMGET", keys[1], *ids)
         numbers = pack(">ddddddddd", int(time.time() * 1000), SESSION_TTL, A, S, L, MAX_TURNS, 0, 0, 0)
         r = c.call("EVALSHA", shas["finalize"], 5, *keys, numbers, tid, ANSWER, "o", "")
         if r[0] != b"ok":

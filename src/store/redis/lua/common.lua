@@ -280,14 +280,16 @@ end
 -- counted in it or more than MAX_WAITING wait behind a pending turn};
 -- false when there are none. `above`: the sum of text_inner over the
 -- turns with seq >= below, when the caller knows it (else it is summed
--- here: what the read returned).
-local function describe(covered, below, skip, enc, english, above, now)
+-- here: what the read returned). `unpending`: the caller knows that no
+-- turn below `below` is pending (none is, but a start's own).
+local function describe(covered, below, skip, enc, english, above, now, unpending)
   -- Seqs are below LIVE: the rest of the zset is pending turns.
   below = math.min(below, tonumber(LIVE))
   -- A pending turn only lowers `below`: nothing to describe either way.
   if below <= covered + 1 then return false end
   local returned_from, waiting = below, 0
-  local pending = oldest_pending(now)
+  local pending = nil
+  if not unpending then pending = oldest_pending(now) end
   if pending and pending < below then
     below = pending
     waiting = redis.call('ZCOUNT', KEYS[3], below, '(' .. returned_from)

@@ -137,6 +137,7 @@ else
   redis.call('HSET', KEYS[2], tid_new, '?' .. seq .. ' ' .. tail, tid_new .. 'p', seq)
 end
 redis.call('ZADD', KEYS[3], now + pending_ttl, tid_new)
-local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now, known) or false
+-- `pending`: the live pending turns but this one.
+local page = reading and walk(9, seq, tonumber(meta[6] or '0'), now, known, pending == 0) or false
 touch(session_ttl)
 return {'ok', owner or '', tid_new, seq, string.match(tail, '^(%d+)'), page, pending, #expired, gen, move}

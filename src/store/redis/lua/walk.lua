@@ -20,7 +20,8 @@
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
 -- when the read's range is all of them; `known` (optional) the meta
--- fields 'st' and 'sh' as the caller read them ({st, sh}).
+-- fields 'st' and 'sh' as the caller read them ({st, sh}); `unpending`
+-- (optional) true when no turn is pending but a start's own (`before`).
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries, the
 -- summary {text, through seq, SUMMARY header} or false, the unsummarized
@@ -43,7 +44,7 @@ local BATCH = 64
 
 local WALK_ARGS = '>ddddddddddddc1BBBBBBBB'
 
-local function walk(at, before, count, now, known)
+local function walk(at, before, count, now, known, unpending)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
     inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies,
     with_summary, describing, budget = struct.unpack(WALK_ARGS, ARGV[at])
@@ -284,7 +285,7 @@ local function walk(at, before, count, now, known)
     local above = run_sum
     -- Nothing finalized lies at or above a start's own seq.
     if upper_seq and upper_seq ~= before then above = above + sum_inner(upper_seq, LIVE, english) end
-    unsummarized = describe(covered, below, first_seq, enc, english, above, now)
+    unsummarized = describe(covered, below, first_seq, enc, english, above, now, unpending)
   end
   return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized}
 end
