@@ -2,14 +2,16 @@
 //! no I/O (but `template::Templates::load`, once at start); the exact counts
 //! they sum live in `tokens`.
 
+mod candidate;
 mod pick;
 mod render;
 mod select;
 pub mod template;
 
+pub use candidate::{Candidate, Content, Copies, SelectedTurn, TRUNCATION_MARK, needed_bytes};
 pub use pick::{Picked, Picker};
 pub use render::{Message, Role, messages, messages_with, render_text, render_text_with};
 pub use select::{
-    BudgetState, Candidate, Content, Copies, Cost, Format, MESSAGE_OVERHEAD, Options, Prelude,
-    SelectedTurn, Selection, Selector, StoppedBy, TRUNCATION_MARK, needed_bytes, select,
+    BudgetState, Cost, Format, MESSAGE_OVERHEAD, Options, Prelude, Selection, Selector, StoppedBy,
+    select,
 };

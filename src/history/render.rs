@@ -3,7 +3,7 @@
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::select::SelectedTurn;
+use super::candidate::SelectedTurn;
 use crate::tokens::{HEADER, SUMMARY_HEADER, SUMMARY_MESSAGE, assistant_line, user_line};
 
 /// The `text` rendering of turns in order; "" when there are none.
@@ -95,10 +95,8 @@ mod tests {
 
     use super::*;
     use crate::domain::TurnId;
-    use crate::history::select::{
-        Candidate, Content, Format, MESSAGE_OVERHEAD, Options, Selection, StoppedBy,
-        TRUNCATION_MARK, select,
-    };
+    use crate::history::candidate::{Candidate, Content, TRUNCATION_MARK};
+    use crate::history::select::{Format, MESSAGE_OVERHEAD, Options, Selection, StoppedBy, select};
     use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
     fn turn(seq: u64, q: &str, a: &str) -> Candidate {

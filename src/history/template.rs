@@ -39,12 +39,11 @@ pub use rendered::{BUDGET_BYTES as TURN_CACHE_BYTES, TurnCache};
 pub use sandbox::{FUEL, MAX_OUTPUT_BYTES, RECURSION_LIMIT};
 pub use selector::{TemplateSelection, TemplateSelector, max_rendering_bytes, select_template};
 
-use super::SelectedTurn;
+use super::candidate::SelectedTurn;
 use crate::tokens::Encoding;
 use builtins::Native;
-use joints::Counter;
+use joints::{Counter, Run};
 use sandbox::{Compiled, Part};
-use selector::Fixed;
 
 /// The largest template file loaded: a template is a few macros, not data.
 pub const MAX_TEMPLATE_BYTES: u64 = 256 * 1024;
@@ -248,6 +247,38 @@ impl Template {
     fn missing(&self, part: Part) -> TemplateError {
         let message = format!("template {} has no {} macro", self.name(), part.name());
         TemplateError::new(None, message)
+    }
+}
+
+/// What a rendering holds whatever its turns: the header, the separator
+/// and the footer, with their runs under one encoding.
+#[derive(Debug)]
+struct Fixed {
+    header: String,
+    separator: String,
+    footer: String,
+    header_run: Run,
+    separator_run: Run,
+    footer_run: Run,
+}
+
+impl Fixed {
+    pub fn render(
+        template: &Template,
+        globals: &Value,
+        counter: &Counter,
+    ) -> Result<Fixed, TemplateError> {
+        let header = template.fixed(globals, Part::Header)?;
+        let separator = template.fixed(globals, Part::Separator)?;
+        let footer = template.fixed(globals, Part::Footer)?;
+        Ok(Fixed {
+            header_run: Run::segment(&header, counter),
+            separator_run: Run::segment(&separator, counter),
+            footer_run: Run::segment(&footer, counter),
+            header,
+            separator,
+            footer,
+        })
     }
 }
 

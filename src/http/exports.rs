@@ -8,7 +8,7 @@
 //! holds one page and a few chunks (about 1.5 MiB) whatever its client
 //! does. At most `TURNSTORE_MAX_EXPORTS` stream at once (429 past it); a
 //! client that takes no byte for `TURNSTORE_WRITE_TIMEOUT` is cut off
-//! (`server.rs`), which frees its export. A store failure or the export's
+//! (`server`), which frees its export. A store failure or the export's
 //! deadline ends the body with an error: the connection is closed before
 //! the chunked body's end, so a client sees a cut export as a transport
 //! error, never as a short one.

@@ -7,7 +7,7 @@
 
 use super::Summary;
 use super::sandbox::xml_escape;
-use crate::history::SelectedTurn;
+use crate::history::candidate::SelectedTurn;
 
 /// Built-in templates by name, with their native twins; a user template
 /// may not take these names.

@@ -4,7 +4,7 @@
 use minijinja::{Value, context};
 
 use super::{Globals, Summary};
-use crate::history::SelectedTurn;
+use crate::history::candidate::SelectedTurn;
 use crate::turn::rfc3339;
 
 /// `session_id` and `user_id` (none when the session has no user).

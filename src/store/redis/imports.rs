@@ -5,10 +5,9 @@
 use redis::Value;
 
 use super::RedisStore;
-use super::reads::pack;
 use super::record::id_bytes;
 use super::reply::{Reply, corrupt};
-use super::scripts::args;
+use super::scripts::{args, pack};
 use crate::store::{Import, Imported, Outage, OutageClass, StoreError, ms};
 use crate::tokens::TurnCosts;
 use crate::turn::Millis;

@@ -6,7 +6,7 @@ use redis::Value;
 use super::RedisStore;
 use super::record::{self, Translations};
 use super::reply::{Reply, corrupt};
-use super::scripts::args;
+use super::scripts::{args, pack};
 use super::summaries::{self, Described};
 use crate::domain::SessionId;
 use crate::history::{
@@ -15,15 +15,6 @@ use crate::history::{
 use crate::store::counting::{self, offer_all};
 use crate::store::{SessionInfo, StoreError, StoredHistory, StoredSummary, Unsummarized};
 use crate::turn::{Millis, TurnView};
-
-/// Numbers as a script unpacks them (`struct.unpack('>d…')`): one argument
-/// for many, and no `tonumber` in Lua (each costs more than the walk's own
-/// logic). Exact for integers below 2^53.
-pub(super) fn pack(out: &mut Vec<u8>, numbers: &[f64]) {
-    for n in numbers {
-        out.extend_from_slice(&n.to_be_bytes());
-    }
-}
 
 /// The walk's arguments, packed as `WALK_ARGS` in `lua/walk.lua` wants
 /// them: the read's bounds and its budget so far (`budget`: the header's

@@ -18,6 +18,15 @@ macro_rules! args {
 }
 pub(super) use args;
 
+/// Numbers as a script unpacks them (`struct.unpack('>d…')`): one argument
+/// for many, and no `tonumber` in Lua (each costs more than the walk's own
+/// logic). Exact for integers below 2^53.
+pub(super) fn pack(out: &mut Vec<u8>, numbers: &[f64]) {
+    for n in numbers {
+        out.extend_from_slice(&n.to_be_bytes());
+    }
+}
+
 macro_rules! session_script {
     ($again:ident $file:literal) => {
         Lua::$again(Script::new(concat!(

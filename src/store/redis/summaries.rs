@@ -5,10 +5,9 @@
 use redis::Value;
 
 use super::RedisStore;
-use super::reads::pack;
 use super::record;
 use super::reply::{Reply, corrupt};
-use super::scripts::args;
+use super::scripts::{args, pack};
 use crate::domain::SessionId;
 use crate::history::{Options, Selection};
 use crate::store::{

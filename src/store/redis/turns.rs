@@ -6,10 +6,10 @@ use std::time::Duration;
 use redis::Value;
 
 use super::RedisStore;
-use super::reads::{Found, Page, first_budget, pack, walk_args};
+use super::reads::{Found, Page, first_budget, walk_args};
 use super::record::{self, Translations, id_bytes};
 use super::reply::{Reply, corrupt};
-use super::scripts::args;
+use super::scripts::{args, pack};
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::store::{
     Finalized, Outage, OutageClass, StartTurn, Started, StoreError, StoredHistory, ms,

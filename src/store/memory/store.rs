@@ -1,434 +1,23 @@
-//! The in-memory store: one process, same rules as Redis, TTLs included.
-//! Expired data is invisible at once and swept in the background.
+//! The in-memory store's `Store` operations, each under the lock (a
+//! read's selection after it, see `read`).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
-use super::{
-    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Limits,
-    MAX_WAITING, Pace, SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store,
-    StoreError, StoredHistory, StoredSummary, SummaryWrite, Unreturned, Unsummarized, moves_to_top,
-    next_index_time,
-};
+use super::read::Gathered;
+use super::{KeyUse, MemoryStore, Session};
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Candidate, Content, Copies, Format, Options};
-use crate::store::counting::{self, offer_all};
+use crate::history::Options;
+use crate::store::{
+    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Pace,
+    SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError,
+    StoredHistory, StoredSummary, SummaryWrite, next_index_time,
+};
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn, TurnView};
 
-#[derive(Clone)]
-pub struct MemoryStore {
-    state: Arc<Mutex<State>>,
-    limits: Limits,
-    expired_pending: Counter,
-}
-
-#[derive(Default)]
-struct State {
-    sessions: HashMap<SessionId, Session>,
-    /// Summarizer locks: holder's token and until when.
-    locks: HashMap<SessionId, (String, Instant)>,
-    /// Each user's index: what Redis keeps in its user keys.
-    users: HashMap<UserId, UserIndex>,
-}
-
-/// A user's sessions by the time their entry reaches until (unique per
-/// user, see `next_index_time`); entries of dead sessions are dropped when
-/// seen.
-#[derive(Default)]
-struct UserIndex {
-    by_time: BTreeMap<Millis, SessionId>,
-    time_of: HashMap<SessionId, Millis>,
-}
-
-impl UserIndex {
-    fn put(&mut self, session: &SessionId, time: Millis) {
-        self.remove(session);
-        self.by_time.insert(time, session.clone());
-        self.time_of.insert(session.clone(), time);
-    }
-
-    fn remove(&mut self, session: &SessionId) {
-        if let Some(t) = self.time_of.remove(session) {
-            self.by_time.remove(&t);
-        }
-    }
-}
-
-/// What an idempotency key made: a start's turn (the key goes with it), or
-/// an import's turns (the key lives as long as the session).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KeyUse {
-    Start(TurnId),
-    Import { first: u64, last: u64 },
-}
-
-struct Session {
-    user_id: Option<UserId>,
-    /// The id of the turn that created it, as Redis keeps it (`g`).
-    generation: String,
-    created_at: Millis,
-    last_active_at: Millis,
-    expires: Instant,
-    next_seq: u64,
-    finalized: BTreeMap<u64, FinalizedTurn>,
-    finalized_seq: HashMap<TurnId, u64>,
-    pending: HashMap<TurnId, (PendingTurn, Instant)>,
-    /// key -> (what it made, request hash)
-    idempotency: HashMap<String, (KeyUse, String)>,
-    /// How long the owner's index entry reaches (`Limits::index_needed`).
-    indexed_until: Millis,
-    /// When a start or import last moved the entry to the top (`ia` in Redis).
-    moved_at: Millis,
-    summary: Option<StoredSummary>,
-    /// The encoding the finalized turns' counts are in (as Redis tracks it).
-    counts_in: CountsIn,
-}
-
-impl Session {
-    /// `first`: the turn that creates it (its id names the generation).
-    fn new(created_at: Millis, now: Instant, first: TurnId) -> Self {
-        Session {
-            user_id: None,
-            generation: first.to_string(),
-            created_at,
-            last_active_at: created_at,
-            expires: now,
-            next_seq: 0,
-            finalized: BTreeMap::new(),
-            finalized_seq: HashMap::new(),
-            pending: HashMap::new(),
-            idempotency: HashMap::new(),
-            indexed_until: 0,
-            moved_at: 0,
-            summary: None,
-            counts_in: CountsIn::Nothing,
-        }
-    }
-
-    /// Drops expired pending turns; returns how many.
-    fn purge_pending(&mut self, now: Instant) -> u64 {
-        let expired: Vec<TurnId> = self
-            .pending
-            .iter()
-            .filter(|(_, (_, deadline))| *deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &expired {
-            if let Some((p, _)) = self.pending.remove(id) {
-                self.forget_key(p.idempotency_key.as_deref(), *id);
-            }
-        }
-        expired.len() as u64
-    }
-
-    fn forget_key(&mut self, key: Option<&str>, turn: TurnId) {
-        if let Some(key) = key
-            && self
-                .idempotency
-                .get(key)
-                .is_some_and(|(t, _)| *t == KeyUse::Start(turn))
-        {
-            self.idempotency.remove(key);
-        }
-    }
-
-    fn live_pending(&self, now: Instant) -> impl Iterator<Item = (&PendingTurn, Instant)> {
-        self.pending
-            .values()
-            .filter(move |(_, d)| *d > now)
-            .map(|(p, d)| (p, *d))
-    }
-
-    /// The oldest live pending turn's seq: a summary may not cover it.
-    fn oldest_pending(&self, now: Instant) -> Option<u64> {
-        self.live_pending(now).map(|(p, _)| p.seq).min()
-    }
-
-    fn find(&self, turn: TurnId, now: Instant) -> Option<PendingTurn> {
-        match self.pending.get(&turn) {
-            Some((p, deadline)) if *deadline > now => Some(p.clone()),
-            _ => self
-                .finalized_seq
-                .get(&turn)
-                .and_then(|seq| self.finalized.get(seq))
-                .map(|f| f.start.clone()),
-        }
-    }
-
-    /// What a read of the history as it stood before `before_seq` needs:
-    /// the candidates a selection can look at, newest first, copied out.
-    /// It can take at most `limit` turns and `max_bytes` bytes as rendered,
-    /// and looks at one candidate past what it takes; so the copy stops
-    /// there, bounded by what the read returns, not by what is stored.
-    fn gather(&self, read: &Options, before_seq: u64, now: Instant) -> Gathered {
-        let summary = self.summary.as_ref().filter(|_| read.summary);
-        let lo = read
-            .after_seq
-            .max(summary.map_or(0, |s| s.through_seq))
-            .saturating_add(1);
-        let hi = read.through_seq.min(before_seq.saturating_sub(1));
-        let whole = lo <= 1
-            && self
-                .finalized
-                .last_key_value()
-                .is_none_or(|(s, _)| *s <= hi);
-        let mut g = Gathered {
-            user_id: self.user_id.as_ref().map(|u| u.to_string()),
-            generation: Some(self.generation.clone()),
-            pending_turns: self
-                .live_pending(now)
-                .filter(|(p, _)| p.seq < before_seq)
-                .count() as u64,
-            summary: summary.cloned(),
-            covered: self.summary.as_ref().map_or(0, |s| s.through_seq),
-            before_seq,
-            pending: self.oldest_pending(now),
-            ..Gathered::default()
-        };
-        if lo > hi {
-            return g;
-        }
-        let mut range = self.finalized.range(lo..=hi);
-        g.total_turns = if whole {
-            self.finalized.len()
-        } else {
-            range.clone().count()
-        } as u64;
-        if read.keep_first {
-            g.first = range.next().map(|(_, t)| candidate(t, read));
-        }
-        let mut bytes = summary.map_or(0, |s| s.text.len() as u64);
-        for (_, t) in range.rev() {
-            if g.newest_first.len() > read.limit || bytes > read.max_bytes {
-                break;
-            }
-            let c = candidate(t, read);
-            bytes += (rendered_at_least(&c.user_query, read.max_query_chars)
-                + rendered_at_least(&c.final_answer, read.max_answer_chars))
-                as u64;
-            g.newest_first.push(c);
-        }
-        g
-    }
-}
-
-/// A read's share of a session, taken under the lock; selected (and
-/// counted, off the async workers) once the lock is released.
-#[derive(Default)]
-struct Gathered {
-    user_id: Option<String>,
-    generation: Option<String>,
-    total_turns: u64,
-    pending_turns: u64,
-    /// The summary the read begins with, if it asks and there is one.
-    summary: Option<StoredSummary>,
-    /// What the stored summary covers (0: none).
-    covered: u64,
-    before_seq: u64,
-    /// The oldest live pending turn's seq.
-    pending: Option<u64>,
-    first: Option<Candidate>,
-    newest_first: Vec<Candidate>,
-}
-
-impl Gathered {
-    async fn select(
-        self,
-        session: &SessionId,
-        read: &Options,
-    ) -> Result<(StoredHistory, Unreturned), StoreError> {
-        let mut sel = counting::begin(
-            read,
-            session.as_str(),
-            self.user_id.as_deref(),
-            self.summary.as_ref(),
-        )
-        .await?;
-        if !sel.is_stopped() {
-            sel = offer_all(sel, self.first, self.newest_first).await;
-        }
-        let picked = sel.finish()?;
-        let selection = picked.selection;
-        let unreturned = Unreturned::of(
-            &selection,
-            read,
-            self.covered,
-            self.before_seq,
-            self.pending,
-        );
-        let history = StoredHistory {
-            user_id: self.user_id,
-            total_turns: self.total_turns,
-            pending_turns: self.pending_turns,
-            summary: self.summary.filter(|_| selection.summary),
-            rendered: picked.rendered,
-            unsummarized: None,
-            selection,
-            generation: self.generation,
-        };
-        Ok((history, unreturned))
-    }
-}
-
-impl Session {
-    /// The turns of `u` (see `Unreturned`): how many, and their tokens
-    /// under the read's encoding and language when every turn of the
-    /// session is counted in that encoding (as Redis decides from its
-    /// sums); `None` when there are none.
-    fn unsummarized(&self, u: Unreturned, read: &Options) -> Option<Unsummarized> {
-        if u.is_empty() {
-            return None;
-        }
-        let turns = self
-            .finalized
-            .range(u.covered + 1..u.below)
-            .filter(|(seq, _)| Some(**seq) != u.skip)
-            .map(|(_, t)| t);
-        let newest = turns.clone().next_back()?;
-        let costs = |t: &FinalizedTurn| {
-            if read.english {
-                t.english_costs()
-            } else {
-                t.costs()
-            }
-        };
-        let waiting = self.finalized.range(u.below..u.returned_from).count() as u64;
-        let summed = self.counts_in == CountsIn::One(read.encoding) && waiting <= MAX_WAITING;
-        let tokens = summed.then(|| {
-            let inner: u64 = turns
-                .clone()
-                .map(|t| {
-                    let c = costs(t);
-                    u64::from(c.query.user_line) + u64::from(c.answer.assistant_sep)
-                })
-                .sum();
-            let last = costs(newest).answer;
-            inner - u64::from(last.assistant_sep) + u64::from(last.assistant_last)
-        });
-        Some(Unsummarized {
-            after_seq: u.covered,
-            through_seq: newest.seq(),
-            turns: turns.count() as u64,
-            tokens: tokens.and_then(|t| u32::try_from(t).ok()),
-        })
-    }
-}
-
-/// A turn's texts, copies included: what an export page counts.
-fn turn_bytes(t: &FinalizedTurn) -> u64 {
-    let copy = |e: Option<&String>| e.map_or(0, String::len);
-    (t.start.user_query.len()
-        + t.end.final_answer.len()
-        + copy(t.start.english.as_ref().map(|e| &e.text))
-        + copy(t.end.english.as_ref().map(|e| &e.text))) as u64
-}
-
-/// Bytes a content takes at least as rendered: a cut keeps `max_chars`
-/// characters (and adds the mark), of a byte or more each.
-fn rendered_at_least(c: &Content, max_chars: Option<usize>) -> usize {
-    max_chars.map_or(c.text.len(), |m| c.text.len().min(m))
-}
-
-/// A stored turn as a read sees it: no more of its contents than it needs;
-/// with `lang=en`, the English copies where it has them; in a `turns`
-/// read, the copies beside the texts (with `lang=en`, beside themselves).
-fn candidate(t: &FinalizedTurn, read: &Options) -> Candidate {
-    let (q_max, a_max) = (read.max_query_chars, read.max_answer_chars);
-    let (query, answer, costs) = if read.english {
-        let (query, answer) = t.english_texts();
-        (query, answer, t.english_costs())
-    } else {
-        (
-            t.start.user_query.as_str(),
-            t.end.final_answer.as_str(),
-            t.costs(),
-        )
-    };
-    let copy = |e: Option<&String>, max| e.map(|e| Content::for_read(e, max));
-    let copies = match read.format {
-        Format::Turns => Copies {
-            user_query: copy(t.start.english.as_ref().map(|e| &e.text), q_max),
-            final_answer: copy(t.end.english.as_ref().map(|e| &e.text), a_max),
-        },
-        Format::Text | Format::Messages => Copies::default(),
-    };
-    Candidate {
-        turn_id: t.start.turn_id,
-        seq: t.seq(),
-        started_at: t.start.started_at,
-        finalized_at: t.end.finalized_at,
-        user_query: Content::for_read(query, q_max),
-        final_answer: Content::for_read(answer, a_max),
-        costs,
-        recount: false,
-        copies,
-    }
-}
-
-impl State {
-    /// The session if it is alive; an expired one is dropped on sight.
-    fn live(&mut self, id: &SessionId, now: Instant) -> Option<&mut Session> {
-        if self.sessions.get(id).is_some_and(|s| s.expires <= now) {
-            self.sessions.remove(id);
-        }
-        self.sessions.get_mut(id)
-    }
-
-    fn is_owned_by(&mut self, id: &SessionId, user: &UserId, now: Instant) -> bool {
-        self.live(id, now)
-            .is_some_and(|s| s.user_id.as_ref() == Some(user))
-    }
-
-    /// Drops expired sessions and pending turns, and the index entries of
-    /// dead sessions; returns how many pending turns expired.
-    fn sweep(&mut self, now: Instant) -> u64 {
-        self.sessions.retain(|_, s| s.expires > now);
-        let expired = self
-            .sessions
-            .values_mut()
-            .map(|s| s.purge_pending(now))
-            .sum();
-        let sessions = &self.sessions;
-        self.users.retain(|user, index| {
-            let dead: Vec<SessionId> = index
-                .time_of
-                .keys()
-                .filter(|id| {
-                    sessions
-                        .get(*id)
-                        .is_none_or(|s| s.user_id.as_ref() != Some(user))
-                })
-                .cloned()
-                .collect();
-            for id in &dead {
-                index.remove(id);
-            }
-            !index.by_time.is_empty()
-        });
-        expired
-    }
-}
-
 impl MemoryStore {
-    /// Must be called inside a Tokio runtime: it spawns the sweeper, which
-    /// stops by itself once the store is dropped.
-    pub fn new(limits: Limits, expired_pending: Counter) -> Self {
-        let store = MemoryStore {
-            state: Arc::default(),
-            limits,
-            expired_pending: expired_pending.clone(),
-        };
-        let every = (store.limits.pending_ttl / 2)
-            .clamp(Duration::from_millis(100), Duration::from_secs(10));
-        tokio::spawn(sweep(Arc::downgrade(&store.state), every, expired_pending));
-        store
-    }
-
     /// A start's writes and checks, under the lock; the history it
     /// returns is selected after.
     fn start_locked(&self, req: &StartTurn<'_>) -> Result<(Started, Option<Gathered>), StoreError> {
@@ -507,79 +96,6 @@ impl MemoryStore {
             history: None,
         };
         Ok((started, history))
-    }
-
-    /// Selects what a read gathered, then describes what it leaves
-    /// unsummarized (under the lock again: turns it did not copy).
-    async fn select(
-        &self,
-        session: &SessionId,
-        g: Gathered,
-        read: &Options,
-    ) -> Result<StoredHistory, StoreError> {
-        let (mut history, unreturned) = g.select(session, read).await?;
-        history.unsummarized = self
-            .lock()
-            .live(session, Instant::now())
-            .and_then(|s| s.unsummarized(unreturned, read));
-        Ok(history)
-    }
-
-    /// A start or import of an owned session: writes the owner's index
-    /// entry when the session is claimed or outlives it (`claim`, or
-    /// `indexed_until` too short), else moves it to the top (see
-    /// `moves_to_top`), as the Redis store does in two slots.
-    fn index_active(
-        &self,
-        users: &mut HashMap<UserId, UserIndex>,
-        session: &mut Session,
-        id: &SessionId,
-        claim: bool,
-        now: Millis,
-    ) {
-        let Some(owner) = &session.user_id else {
-            return;
-        };
-        let needed = now.saturating_add(super::ms(self.limits.index_needed()));
-        let written = claim || session.indexed_until < needed;
-        let moved = moves_to_top(written, session.moved_at, now);
-        if !written && !moved {
-            return;
-        }
-        session.moved_at = now;
-        let index = users.entry(owner.clone()).or_default();
-        if moved && !index.time_of.contains_key(id) {
-            return; // a move keeps an entry removed meanwhile removed
-        }
-        let top = index.by_time.last_key_value();
-        if moved && top.is_some_and(|(_, s)| s == id) {
-            return;
-        }
-        let top = top.map(|(t, _)| *t);
-        let time = next_index_time(now, self.limits.index_horizon(), top, 0);
-        index.put(id, time);
-        if written {
-            session.indexed_until = time;
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves no half-written session:
-        // every operation below mutates only after all its checks.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-async fn sweep(state: Weak<Mutex<State>>, every: Duration, expired_pending: Counter) {
-    let mut tick = tokio::time::interval(every);
-    loop {
-        tick.tick().await;
-        let Some(state) = state.upgrade() else { return };
-        let expired = state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .sweep(Instant::now());
-        expired_pending.inc_by(expired);
     }
 }
 
@@ -688,7 +204,7 @@ impl Store for MemoryStore {
             generation: s.generation.clone(),
             created_at: s.created_at,
             last_active_at: s.last_active_at,
-            expires_at: now_ms + super::ms(s.expires - now),
+            expires_at: now_ms + crate::store::ms(s.expires - now),
             turn_count: s.finalized.len() as u64,
             pending_count: s.live_pending(now).count() as u64,
         }))
@@ -973,7 +489,9 @@ impl Store for MemoryStore {
             return Err(StoreError::SummaryOverPending { pending });
         }
         // The session lives on: its owner's index entry must reach as far.
-        let needed = w.now.saturating_add(super::ms(self.limits.index_needed()));
+        let needed = w
+            .now
+            .saturating_add(crate::store::ms(self.limits.index_needed()));
         if let Some(owner) = s.user_id.clone()
             && s.indexed_until < needed
         {
@@ -1018,4 +536,13 @@ impl Store for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// A turn's texts, copies included: what an export page counts.
+fn turn_bytes(t: &FinalizedTurn) -> u64 {
+    let copy = |e: Option<&String>| e.map_or(0, String::len);
+    (t.start.user_query.len()
+        + t.end.final_answer.len()
+        + copy(t.start.english.as_ref().map(|e| &e.text))
+        + copy(t.end.english.as_ref().map(|e| &e.text))) as u64
 }
