@@ -279,7 +279,12 @@ local function walk(at, before, count, now, known, unpending)
   -- returns. A walk that hands turns over describes them as if the caller
   -- takes every one (its caller asks unsummarized.lua when it does not).
   local unsummarized = 'later'
-  if describing and status ~= 'more' then
+  if describing and not status and after <= covered then
+    -- Every turn above `after` was taken, and none lies between what the
+    -- summary covers and `after`: nothing is left unsummarized (a
+    -- pending turn could only lower the bound).
+    unsummarized = false
+  elseif describing and status ~= 'more' then
     local below = upper_seq or tonumber(LIVE)
     if last_m then below = tonumber(redis.call('ZSCORE', KEYS[3], last_m)) end
     local above = run_sum
