@@ -102,8 +102,19 @@ async fn reads_that_count_leave_probes_answering_and_end_at_the_timeout() {
 /// sent meanwhile is answered before the first of them ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_texts_are_counted_off_the_workers() {
+    long_texts_leave_probes_answering("2").await;
+}
+
+/// The same on one thread, which the service runs as a current-thread
+/// runtime: the counts go to the blocking pool there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_thread_counts_long_texts_off_its_runtime() {
+    long_texts_leave_probes_answering("1").await;
+}
+
+async fn long_texts_leave_probes_answering(workers: &str) {
     // Arrange
-    let ts = Turnstore::spawn(&[("TURNSTORE_WORKER_THREADS", "2".to_string())]);
+    let ts = Turnstore::spawn(&[("TURNSTORE_WORKER_THREADS", workers.to_string())]);
     let (http, base) = (client(), ts.base());
     let answer = format!("a{}\n", " ".repeat(131_000));
     let mut turns = vec![];
