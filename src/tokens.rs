@@ -19,8 +19,9 @@
 use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
-use tiktoken_rs::CoreBPE;
 use utoipa::ToSchema;
+
+mod counter;
 
 /// A tiktoken encoding, by its name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -116,28 +117,15 @@ impl Encoding {
         })
     }
 
-    /// The process-wide encoder, built on first use (tiktoken-rs keeps one per encoding).
-    fn bpe(self) -> &'static CoreBPE {
-        use tiktoken_rs as t;
-        match self {
-            Encoding::O200kBase => t::o200k_base_singleton(),
-            Encoding::O200kHarmony => t::o200k_harmony_singleton(),
-            Encoding::Cl100kBase => t::cl100k_base_singleton(),
-            Encoding::P50kBase => t::p50k_base_singleton(),
-            Encoding::P50kEdit => t::p50k_edit_singleton(),
-            Encoding::R50kBase => t::r50k_base_singleton(),
-        }
-    }
-
-    /// Builds the encoder now, so the first request does not pay for it.
+    /// Builds the encoding's ranks now, so the first request does not pay for them.
     pub fn warm_up(self) {
-        self.bpe();
+        counter::warm_up(self);
     }
 
     /// Exact count of `text` as ordinary text: special-token strings a user
     /// typed count as the text they are, as chat APIs treat them.
     pub fn count(self, text: &str) -> u32 {
-        u32::try_from(self.bpe().encode_ordinary(text).len()).unwrap_or(u32::MAX)
+        u32::try_from(counter::count(self, text)).unwrap_or(u32::MAX)
     }
 
     /// Its place in [`Encoding::ALL`]: a slot in a per-encoding array.
@@ -415,6 +403,36 @@ mod tests {
     }
 
     #[test]
+    fn every_ordinary_token_is_ranked() {
+        for (enc, n) in [
+            (Encoding::O200kBase, 199_998),
+            (Encoding::O200kHarmony, 199_998),
+            (Encoding::Cl100kBase, 100_256),
+            (Encoding::P50kBase, 50_280),
+            (Encoding::P50kEdit, 50_280),
+            (Encoding::R50kBase, 50_256),
+        ] {
+            assert_eq!(counter::Ranks::len(enc), n, "{enc:?}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(3000))]
+
+        /// The per-thread counter counts as tiktoken-rs' encoder does.
+        #[test]
+        fn counts_equal_tiktoken_rs(
+            text in "([a-zA-Z0-9 .,!?'\"()\\-:;\t\r\n/éÉß漢字🙂…\u{301}\u{a0}]|\n\n\n|   |<\\|endoftext\\|>|'ll|'S|1234567|[a-zé]{100,130}|[ \n]{100,120})*",
+            encoding in 0..Encoding::ALL.len(),
+        ) {
+            static TIKTOKEN: [OnceLock<tiktoken_rs::CoreBPE>; 6] = [const { OnceLock::new() }; 6];
+            let enc = Encoding::ALL[encoding];
+            let bpe = TIKTOKEN[enc.slot()].get_or_init(|| counter::tiktoken(enc));
+            proptest::prop_assert_eq!(enc.count(&text) as usize, bpe.encode_ordinary(&text).len());
+        }
+    }
+
+    #[test]
     fn special_token_text_counts_as_text() {
         assert!(Encoding::Cl100kBase.count("<|endoftext|>") > 1);
     }
@@ -510,8 +528,12 @@ mod tests {
 
     #[test]
     fn huge_whitespace_runs_do_not_panic() {
-        let text = format!("a{}b", " \n".repeat(300_000));
-        assert!(Encoding::O200kBase.count(&text) > 0);
-        assert!(Encoding::Cl100kBase.count(&" ".repeat(1_000_000)) > 0);
+        for (enc, text) in [
+            (Encoding::O200kBase, format!("a{}b", " \n".repeat(300_000))),
+            (Encoding::Cl100kBase, " ".repeat(1_000_000)),
+        ] {
+            let fresh = counter::tiktoken(enc).encode_ordinary(&text).len();
+            assert_eq!(enc.count(&text) as usize, fresh, "{enc:?}");
+        }
     }
 }
