@@ -4,6 +4,11 @@
 //! `keep_first`). Each is kept whole or stops the selection, so the result is
 //! the newest run with no gap. A store feeds candidates one at a time and
 //! stops at the first refusal: a read costs what it returns, plus one turn.
+//!
+//! Its Lua twin is the walk's budget (`store/redis/lua/walk.lua`), which
+//! keeps a Redis read to the turns it returns; `store/redis/walk_twin.rs`
+//! runs the two over the same random costs and bounds and compares their
+//! choices directly.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

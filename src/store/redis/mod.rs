@@ -22,6 +22,8 @@ mod scripts;
 mod summaries;
 mod turns;
 mod users;
+#[cfg(test)]
+mod walk_twin;
 
 pub use self::layout::{LAYOUT, LayoutError, MigrateReport, MigrateStep};
 

@@ -1,7 +1,8 @@
 -- The history walk. It reads finalized turns newest first, from `before`
 -- down to `after` (both excluded), and keeps the budget exactly as the
 -- Rust `Selector` does while the stored counts apply (same encoding, no
--- truncation): so a read loads only the turns it returns. A turn whose
+-- truncation): so a read loads only the turns it returns. (The twin of
+-- history/select.rs' rule: walk_twin.rs compares the two directly.) A turn whose
 -- counts do not apply is handed over with the rest of the page, for the
 -- caller to count. Each call stops at a page's size; the caller continues
 -- with its budget state. Its arguments are packed in ARGV[at] (WALK_ARGS;
