@@ -6,6 +6,7 @@ pub(crate) mod counting;
 mod memory;
 mod metered;
 pub mod redis;
+pub mod rules;
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use async_trait::async_trait;
 pub use self::memory::MemoryStore;
 pub use self::metered::Metered;
 pub use self::redis::RedisStore;
+pub use self::rules::{MOVE_EVERY, moves_to_top, next_index_time};
 use crate::domain::{IdempotencyKey, SessionId, TurnId, UserId};
 use crate::history::{Options, Selection};
 use crate::tokens::{Encoding, SummaryTokens, TurnCosts};
@@ -45,30 +47,6 @@ impl Limits {
     pub fn index_horizon(&self) -> Duration {
         self.index_needed() + (self.session_ttl / 4).min(Duration::from_secs(24 * 3600))
     }
-}
-
-/// A user's sessions are listed and erased in the order of their index
-/// entries, each `(time, session)`: the time the entry reaches until, so
-/// the most recently written come first (a start or an import writes or
-/// moves its entry, see `moves_to_top`). Times in one user's
-/// index are unique: an entry written gets a time past every other.
-pub fn next_index_time(now: Millis, horizon: Duration, top: Option<Millis>, min: Millis) -> Millis {
-    let reach = now.saturating_add(ms(horizon));
-    reach
-        .max(top.map_or(Millis::MIN, |t| t + 1))
-        .max(min.saturating_add(1))
-}
-
-/// Listings show a user's most recently active sessions first: each start
-/// or import moves its session's entry to the top of the owner's index,
-/// at most once this often (ms).
-pub const MOVE_EVERY: Millis = 1000;
-
-/// Whether a start or import moves the owner's entry to the top, given
-/// when it last moved and whether an entry was written for this very call
-/// (it is on top already). Twin of `activity` in `redis/lua/common.lua`.
-pub fn moves_to_top(written: bool, moved_at: Millis, now: Millis) -> bool {
-    !written && now.saturating_sub(moved_at) >= MOVE_EVERY
 }
 
 /// A page of a listing examines at most this many index entries per

@@ -16,6 +16,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use tokio::time::Instant;
 
+use super::rules;
 use super::{CountsIn, Limits, StoredSummary, moves_to_top, next_index_time};
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::turn::{FinalizedTurn, Millis, PendingTurn};
@@ -124,6 +125,17 @@ impl Session {
             }
         }
         expired.len() as u64
+    }
+
+    /// Drops the oldest finalized turns past `max_turns`.
+    fn trim(&mut self, max_turns: u32) {
+        let excess = rules::excess_turns(self.finalized.len() as u64, u64::from(max_turns));
+        for _ in 0..excess {
+            if let Some((_, old)) = self.finalized.pop_first() {
+                self.finalized_seq.remove(&old.start.turn_id);
+                self.forget_key(old.start.idempotency_key.as_deref(), old.start.turn_id);
+            }
+        }
     }
 
     fn forget_key(&mut self, key: Option<&str>, turn: TurnId) {
@@ -235,8 +247,12 @@ impl MemoryStore {
         let Some(owner) = &session.user_id else {
             return;
         };
-        let needed = now.saturating_add(super::ms(self.limits.index_needed()));
-        let written = claim || session.indexed_until < needed;
+        let written = rules::index_due(
+            claim,
+            session.indexed_until,
+            now,
+            self.limits.index_needed(),
+        );
         let moved = moves_to_top(written, session.moved_at, now);
         if !written && !moved {
             return;

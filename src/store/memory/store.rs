@@ -10,6 +10,7 @@ use super::read::Gathered;
 use super::{KeyUse, MemoryStore, Session};
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
+use crate::store::rules::{self, Access};
 use crate::store::{
     CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Pace,
     SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError,
@@ -26,10 +27,11 @@ impl MemoryStore {
         let state = &mut *state;
         let existing = state.live(req.session_id, now);
 
-        if let Some(s) = &existing
-            && let (Some(owner), Some(user)) = (&s.user_id, req.user_id)
-            && owner != user
-        {
+        let owner = existing
+            .as_ref()
+            .and_then(|s| s.user_id.as_ref().map(UserId::as_str));
+        let access = rules::access(owner, req.user_id.map(UserId::as_str));
+        if access == Access::Mismatch {
             return Err(StoreError::OwnerMismatch);
         }
         if let (Some(s), Some((key, hash))) = (&existing, req.idempotency)
@@ -55,7 +57,10 @@ impl MemoryStore {
             }
         }
         if let Some(s) = &existing
-            && s.live_pending(now).count() >= self.limits.max_pending as usize
+            && rules::pending_full(
+                s.live_pending(now).count() as u64,
+                u64::from(self.limits.max_pending),
+            )
         {
             let oldest = s.live_pending(now).map(|(_, d)| d).min().unwrap_or(now);
             return Err(StoreError::TooManyPendingTurns {
@@ -68,7 +73,7 @@ impl MemoryStore {
             .entry(req.session_id.clone())
             .or_insert_with(|| Session::new(req.now, now, *req.turn.turn_id));
         self.expired_pending.inc_by(session.purge_pending(now));
-        let claim = session.user_id.is_none() && req.user_id.is_some();
+        let claim = access == Access::Claim;
         if claim {
             session.user_id = req.user_id.cloned();
         }
@@ -144,12 +149,7 @@ impl Store for MemoryStore {
         s.counts_in = s.counts_in.add(&done.costs(), false);
         s.finalized_seq.insert(turn, done.seq());
         s.finalized.insert(done.seq(), done);
-        while s.finalized.len() > self.limits.max_turns as usize {
-            if let Some((_, old)) = s.finalized.pop_first() {
-                s.finalized_seq.remove(&old.start.turn_id);
-                s.forget_key(old.start.idempotency_key.as_deref(), old.start.turn_id);
-            }
-        }
+        s.trim(self.limits.max_turns);
         s.last_active_at = end.finalized_at;
         s.expires = now + self.limits.session_ttl;
         Ok(Finalized::Now(view))
@@ -352,10 +352,13 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
+        let mut access = Access::Claim;
         if let Some(s) = state.live(req.session_id, now) {
-            if let (Some(owner), Some(user)) = (&s.user_id, req.user_id)
-                && owner != user
-            {
+            access = rules::access(
+                s.user_id.as_ref().map(UserId::as_str),
+                req.user_id.map(UserId::as_str),
+            );
+            if access == Access::Mismatch {
                 return Err(StoreError::OwnerMismatch);
             }
             if let Some((key, hash)) = req.idempotency
@@ -379,7 +382,7 @@ impl Store for MemoryStore {
             .sessions
             .entry(req.session_id.clone())
             .or_insert_with(|| Session::new(req.now, now, creator));
-        let claim = session.user_id.is_none() && req.user_id.is_some();
+        let claim = access == Access::Claim && req.user_id.is_some();
         if claim {
             session.user_id = req.user_id.cloned();
         }
@@ -409,12 +412,7 @@ impl Store for MemoryStore {
             session.finalized.insert(done.seq(), done);
         }
         let last = session.next_seq;
-        while session.finalized.len() > self.limits.max_turns as usize {
-            if let Some((_, old)) = session.finalized.pop_first() {
-                session.finalized_seq.remove(&old.start.turn_id);
-                session.forget_key(old.start.idempotency_key.as_deref(), old.start.turn_id);
-            }
-        }
+        session.trim(self.limits.max_turns);
         if let Some((key, hash)) = req.idempotency {
             session.idempotency.insert(
                 key.to_string(),
@@ -470,30 +468,23 @@ impl Store for MemoryStore {
         let Some(s) = s else {
             return Err(StoreError::SummaryBeyond { newest: 0 });
         };
-        if let (Some(owner), Some(user)) = (&s.user_id, w.user_id)
-            && owner != user
+        if rules::access(
+            s.user_id.as_ref().map(UserId::as_str),
+            w.user_id.map(UserId::as_str),
+        ) == Access::Mismatch
         {
             return Err(StoreError::OwnerMismatch);
         }
-        let stored = s.summary.as_ref().map_or(0, |s| s.through_seq);
-        if w.expected_through_seq.is_some_and(|e| e != stored) || w.through_seq < stored {
-            return Err(StoreError::SummaryConflict { stored });
-        }
-        let newest = s.finalized.last_key_value().map_or(0, |(seq, _)| *seq);
-        if w.through_seq > newest {
-            return Err(StoreError::SummaryBeyond { newest });
-        }
-        if let Some(pending) = s.oldest_pending(now)
-            && w.through_seq >= pending
-        {
-            return Err(StoreError::SummaryOverPending { pending });
-        }
+        rules::summary_check(
+            s.summary.as_ref().map_or(0, |s| s.through_seq),
+            w.expected_through_seq,
+            w.through_seq,
+            s.finalized.last_key_value().map_or(0, |(seq, _)| *seq),
+            s.oldest_pending(now),
+        )?;
         // The session lives on: its owner's index entry must reach as far.
-        let needed = w
-            .now
-            .saturating_add(crate::store::ms(self.limits.index_needed()));
         if let Some(owner) = s.user_id.clone()
-            && s.indexed_until < needed
+            && rules::index_due(false, s.indexed_until, w.now, self.limits.index_needed())
         {
             let index = state.users.entry(owner.clone()).or_default();
             let top = index.by_time.last_key_value().map(|(t, _)| *t);

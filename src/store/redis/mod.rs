@@ -21,9 +21,9 @@ mod reply;
 mod scripts;
 mod summaries;
 mod turns;
-mod users;
 #[cfg(test)]
-mod walk_twin;
+mod twins;
+mod users;
 
 pub use self::layout::{LAYOUT, LayoutError, MigrateReport, MigrateStep};
 

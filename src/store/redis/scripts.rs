@@ -1,6 +1,7 @@
 //! The Lua scripts (`lua/`), loaded once, and how they are called. Session
-//! scripts get the session's four keys (`Keys::session`) and the shared
-//! functions of `lua/common.lua`; index scripts get one user's index key.
+//! scripts get the session's four keys (`Keys::session`), the rules of
+//! `lua/rules.lua` and the shared functions of `lua/common.lua`; index
+//! scripts get one user's index key.
 
 use redis::{FromRedisValue, Script, Value};
 
@@ -30,6 +31,8 @@ pub(super) fn pack(out: &mut Vec<u8>, numbers: &[f64]) {
 macro_rules! session_script {
     ($again:ident $file:literal) => {
         Lua::$again(Script::new(concat!(
+            include_str!("lua/rules.lua"),
+            "\n",
             include_str!("lua/common.lua"),
             "\n",
             include_str!($file)
@@ -38,6 +41,8 @@ macro_rules! session_script {
     // Scripts that read the history also get the walk.
     ($again:ident walk $file:literal) => {
         Lua::$again(Script::new(concat!(
+            include_str!("lua/rules.lua"),
+            "\n",
             include_str!("lua/common.lua"),
             "\n",
             include_str!("lua/walk.lua"),
@@ -108,7 +113,11 @@ impl Scripts {
             clear_session: session_script!(twice "lua/clear_session.lua"),
             probe: session_script!(twice "lua/probe.lua"),
             erase_sessions: session_script!(twice "lua/erase_sessions.lua"),
-            index_add: Lua::twice(Script::new(include_str!("lua/index_add.lua"))),
+            index_add: Lua::twice(Script::new(concat!(
+                include_str!("lua/rules.lua"),
+                "\n",
+                include_str!("lua/index_add.lua")
+            ))),
             index_remove: Lua::twice(Script::new(include_str!("lua/index_remove.lua"))),
             summary_put: session_script!(once "lua/summary_put.lua"),
             summary_get: session_script!(twice "lua/summary_get.lua"),

@@ -353,12 +353,11 @@ end
 -- caller does, with index_add.lua's 'xx': another slot), at most once a
 -- second. `written`: an entry was written for this very call (it is on
 -- top already); `moved_at`: meta 'ia'. Returns 1 when the caller must move
--- it, else 0; records the time with `set` (field, value). Twin of
--- `moves_to_top` in store/mod.rs.
-local ACTIVE_EVERY = 1000
+-- it, else 0; records the time with `set` (field, value). The rule is
+-- `moves_to_top` (rules.lua), as the memory store's `index_active` keeps it.
 local function activity(owner, written, moved_at, now, set)
   if not owner then return 0 end
-  if not written and now - tonumber(moved_at or '0') < ACTIVE_EVERY then return 0 end
+  if not written and not moves_to_top(false, tonumber(moved_at or '0'), now) then return 0 end
   set('ia', now)
   if written then return 0 end
   return 1

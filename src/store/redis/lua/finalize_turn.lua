@@ -66,7 +66,7 @@ local meta = redis.call('HMGET', KEYS[1], 'n', 'keyed', 'ts', 'cs', 'st')
 local sums = {meta[3], meta[4], meta[5]}
 local count = tonumber(meta[1] or '0') + 1
 tally({member, seq}, 1, count, sums)
-local excess = count - max_turns
+local excess = excess_turns(count, max_turns)
 if excess > 0 then
   -- The lowest scores are the oldest finalized turns.
   local old = redis.call('ZPOPMIN', KEYS[3], math.min(excess, TRIM))

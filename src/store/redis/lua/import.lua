@@ -18,7 +18,8 @@ local user, key, hash, indexed_for = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n', 'ia')
 local owner = meta[1]
 if owner == '' then owner = false end
-if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
+local acc = access(owner, user)
+if acc == 'mismatch' then return {'owner_mismatch'} end
 if key ~= '' and meta[5] then
   local first, last, stored = string.match(meta[5], '^import:(%d+) (%d+) (%S+)$')
   if stored ~= hash then return {'idem_reused'} end
@@ -33,13 +34,13 @@ if mine then
   return {'ok', owner or '', at, at + (#ARGV - 5) / 3 - 1, 0, {}}
 end
 
-local claim = (not owner) and user ~= ''
+local claim = acc == 'claim'
 local indexed = owner or (claim and user)
 if indexed then
   if indexed_for == indexed then
     local since = fenced(KEYS[4])
     if since >= written then return {'need_index', indexed, since} end
-  elseif claim or tonumber(meta[2] or '0') < now + needed then
+  elseif index_due(claim, tonumber(meta[2] or '0'), now, needed) then
     return {'need_index', indexed, 0}
   end
 end
@@ -102,7 +103,7 @@ tally(added, 1, count)
 -- more each, are freed TRIM at a time: the first here, the rest by the
 -- caller (forget_turns.lua), so that no call frees a thousand of them.
 local left = {}
-local excess = count - max_turns
+local excess = excess_turns(count, max_turns)
 if excess > 0 then
   local old = redis.call('ZPOPMIN', KEYS[3], excess)
   local ids = {}

@@ -15,9 +15,7 @@ if ARGV[6] == 'xx' then
   if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 end
 local now = tonumber(ARGV[2])
-local t = tonumber(ARGV[3])
-if top[2] and tonumber(top[2]) + 1 > t then t = tonumber(top[2]) + 1 end
-if tonumber(ARGV[4]) + 1 > t then t = tonumber(ARGV[4]) + 1 end
+local t = index_time(tonumber(ARGV[3]), tonumber(top[2]), tonumber(ARGV[4]))
 redis.call('ZADD', KEYS[1], t, ARGV[1])
 local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. (now - tonumber(ARGV[5])), 'LIMIT', 0, 32)
 if #old > 0 then redis.call('ZREM', KEYS[1], unpack(old)) end

@@ -28,7 +28,8 @@ local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 
 local known = {meta[10], meta[11]}
 local owner = meta[1]
 if owner == '' then owner = false end
-if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
+local acc = access(owner, user)
+if acc == 'mismatch' then return {'owner_mismatch'} end
 
 -- The turn an earlier call made, again (`status`: 'replay' for a key's).
 local function again(status, tid, seq, rec)
@@ -81,7 +82,7 @@ if mine or more then
 end
 
 if more then pending = live_pending(now) end
-if pending >= cap then
+if pending_full(pending, cap) then
   if not oldest then
     oldest = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2]
   end
@@ -90,13 +91,13 @@ end
 
 -- The owner's index entry must exist before the session can be found
 -- owned (a claim), and must outlive it (a refresh): see users.rs.
-local claim = (not owner) and user ~= ''
+local claim = acc == 'claim'
 local indexed = owner or (claim and user)
 if indexed then
   if indexed_for == indexed then
     local since = fenced(KEYS[4])
     if since >= written then return {'need_index', indexed, since} end
-  elseif claim or tonumber(meta[2] or '0') < now + needed then
+  elseif index_due(claim, tonumber(meta[2] or '0'), now, needed) then
     return {'need_index', indexed, 0}
   end
 end

@@ -17,23 +17,18 @@ if read ~= '' and (not m[3] or generation(m[5], m[6]) ~= read) then return {'rep
 if not m[3] then return {'beyond', 0} end
 local owner = m[1]
 if owner == '' then owner = false end
-if owner and user ~= '' and owner ~= user then return {'owner_mismatch'} end
+if access(owner, user) == 'mismatch' then return {'owner_mismatch'} end
 local stored = tonumber(m[4] or '0')
-if (expected >= 0 and expected ~= stored) or through < stored then
-  return {'conflict', stored}
-end
 local newest = redis.call('ZREVRANGEBYSCORE', KEYS[3], '(' .. LIVE, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-local newest_seq = tonumber(newest[2] or '0')
-if through > newest_seq then return {'beyond', newest_seq} end
-local pending = oldest_pending(now)
-if pending and through >= pending then return {'pending', pending} end
+local refused = summary_check(stored, expected, through, tonumber(newest[2] or '0'), oldest_pending(now))
+if refused then return refused end
 -- The session lives on: its owner's index entry must reach as far.
 if owner then
   if indexed_for == owner then
     local since = fenced(KEYS[4])
     if since >= written then return {'need_index', owner, since} end
     redis.call('HSET', KEYS[1], 'ix', written)
-  elseif tonumber(m[2] or '0') < now + needed then
+  elseif index_due(false, tonumber(m[2] or '0'), now, needed) then
     return {'need_index', owner, 0}
   end
 end

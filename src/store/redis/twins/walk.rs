@@ -7,64 +7,17 @@
 //! to end, the service's own selection would hide a walk that took too
 //! many turns; here nothing does.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::Value;
 
-use super::reads::{Page, PageEnd, first_budget, walk_args};
-use super::record::{self, Translations};
-use super::reply::Reply;
-use super::scripts::Scripts;
+use super::Server;
 use crate::history::{Format, Options, Prelude, Selector, StoppedBy};
+use crate::store::redis::reads::{Page, PageEnd, first_budget, walk_args};
+use crate::store::redis::record::{self, Translations};
+use crate::store::redis::reply::Reply;
+use crate::store::redis::scripts::Scripts;
 use crate::tokens::{Encoding, SummaryTokens};
-
-/// A redis-server of its own, on a unix socket.
-struct Server {
-    child: Child,
-    _dir: tempfile::TempDir,
-    socket: PathBuf,
-}
-
-impl Server {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("redis.sock");
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--save", "", "--appendonly", "no"])
-            .arg("--unixsocket")
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server runs (scripts/test installs it)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Server {
-            child,
-            _dir: dir,
-            socket,
-        }
-    }
-
-    fn connect(&self) -> redis::Connection {
-        let url = format!("unix://{}", self.socket.display());
-        redis::Client::open(url).unwrap().get_connection().unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A finalized turn's stored costs: q, u, a, s, l, question and answer bytes.
 type Costs = [u32; 7];
