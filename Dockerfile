@@ -8,7 +8,10 @@ WORKDIR /src
 # Cargo.toml or Cargo.lock change. Cargo reads every target the manifest
 # declares before building any, so each gets a stub: the library, the binary
 # and the `history` bench (examples and tests are discovered, not declared).
+# crates/ holds a path dependency (the token counter): built here as the
+# other dependencies are.
 COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 RUN mkdir -p src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \

@@ -1,0 +1,260 @@
+//! tiktoken's count of a text, `encode_ordinary(text).len()`, for
+//! turnstore (its `tokens` module builds the ranks from tiktoken-rs and
+//! compares every count with tiktoken-rs' in tests). A crate of its own so
+//! that it is optimised in test builds too, as tiktoken-rs is: the merges
+//! of a long piece take seconds unoptimised.
+//!
+//! The pre-tokenizer is tiktoken's pattern without its lookahead, on the
+//! `regex` crate's automata (see `Splitter`); each piece counts one token
+//! when it is one, else as many as tiktoken's byte-pair merge leaves
+//! (tiktoken-rs' two merges, MIT, counting here instead of collecting).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use regex::Regex;
+use rustc_hash::FxHashMap;
+
+/// A token's rank.
+pub type Rank = u32;
+
+/// An encoding's ranks: every ordinary token's bytes, kept in one block
+/// (a third of what tiktoken-rs' encoder takes, which keeps each token's
+/// bytes, twice, in allocations of their own).
+pub struct Ranks(FxHashMap<&'static [u8], Rank>);
+
+impl Ranks {
+    /// From every ordinary token and its rank. The tokens' bytes are kept
+    /// for the life of the process (encoders are built once).
+    pub fn new(tokens: Vec<(Vec<u8>, Rank)>) -> Self {
+        let block: &'static [u8] = tokens
+            .iter()
+            .flat_map(|(b, _)| b.iter().copied())
+            .collect::<Vec<u8>>()
+            .leak();
+        let mut ranks = FxHashMap::default();
+        ranks.reserve(tokens.len());
+        let mut at = 0;
+        for (bytes, rank) in &tokens {
+            ranks.insert(&block[at..at + bytes.len()], *rank);
+            at += bytes.len();
+        }
+        Ranks(ranks)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// tiktoken's count of `text` as ordinary text, split by `splitter`.
+    pub fn count(&self, splitter: &Splitter, text: &str) -> usize {
+        let mut n = 0;
+        splitter.split(text, |piece| n += self.piece(piece));
+        n
+    }
+
+    /// The tokens of one piece of the pre-tokenizer.
+    pub fn piece(&self, piece: &[u8]) -> usize {
+        if piece.is_empty() {
+            0
+        } else if self.0.contains_key(piece) {
+            1
+        } else if piece.len() < LARGE {
+            self.merged_small(piece)
+        } else {
+            self.merged_large(piece)
+        }
+    }
+}
+
+/// The pre-tokenizer patterns tiktoken-rs builds its encoders with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// o200k_base, o200k_harmony.
+    O200k,
+    /// cl100k_base.
+    Cl100k,
+    /// p50k_base, p50k_edit, r50k_base.
+    P50k,
+}
+
+/// The pre-tokenizer patterns of tiktoken-rs, but for their one
+/// lookahead: each ends in `\s+(?!\S)` then `\s+` or `\s`, which split a
+/// run of whitespace before a non-space into the run less its last
+/// character, then that character (which may begin the next piece). Here
+/// they end in `\s+` instead, which the `regex` crate's automata run
+/// without backtracking (3x faster than fancy-regex's VM), and `split`
+/// gives the last character back (see there). cl100k's and p50k's
+/// possessive quantifiers are greedy ones here: none of them is followed,
+/// within its alternative, by anything that backtracking could match.
+/// Tests compare every count with tiktoken-rs'.
+const O200K: &str = concat!(
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}",
+    r"| ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"|\s*[\r\n]+",
+    r"|\s+",
+);
+const CL100K: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+$|\s*[\r\n]|\s+";
+const P50K: &str = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+$|\s+";
+
+/// A pre-tokenizer. Its regex has pools of caches whose fast path serves
+/// only the first thread that used them: give each thread its own.
+pub struct Splitter {
+    regex: Regex,
+    /// The pattern's alternative for whitespace ending in a newline comes
+    /// before `\s+` (o200k, cl100k): a run `\s+` matches has none.
+    newline_first: bool,
+}
+
+impl Splitter {
+    pub fn new(pattern: Pattern) -> Self {
+        let (pattern, newline_first) = match pattern {
+            Pattern::O200k => (O200K, true),
+            Pattern::Cl100k => (CL100K, true),
+            Pattern::P50k => (P50K, false),
+        };
+        Splitter {
+            regex: Regex::new(pattern).expect("tiktoken's patterns compile"),
+            newline_first,
+        }
+    }
+
+    /// Calls `f` with each piece of `text`, as tiktoken's pattern splits it.
+    /// A match of the final `\s+` is a whole run of whitespace: followed by
+    /// a non-space (not the end), tiktoken's `\s+(?!\S)` takes it less its
+    /// last character, when that leaves one. No other alternative matches
+    /// whitespace alone, but the newline ones (o200k, cl100k), whose
+    /// matches end in a newline, and `\s+$`, which ends the text.
+    pub fn split(&self, text: &str, mut f: impl FnMut(&[u8])) {
+        let mut at = 0;
+        while let Some(m) = self.regex.find_at(text, at) {
+            let piece = m.as_str();
+            let mut end = m.end();
+            if end < text.len()
+                && let Some((last_at, last)) = piece.char_indices().next_back()
+                && last_at > 0
+                && last.is_whitespace()
+                && !(self.newline_first && matches!(last, '\r' | '\n'))
+                && piece.chars().all(char::is_whitespace)
+            {
+                end = m.start() + last_at;
+            }
+            f(&text.as_bytes()[m.start()..end]);
+            at = end;
+        }
+    }
+}
+
+/// Pieces this long are merged with a heap, as tiktoken-rs does: its
+/// linear merge is quadratic in the piece.
+const LARGE: usize = 100;
+
+impl Ranks {
+    fn rank(&self, bytes: &[u8]) -> Rank {
+        self.0.get(bytes).copied().unwrap_or(Rank::MAX)
+    }
+
+    /// The tokens of a piece of two bytes or more, merged as tiktoken-rs'
+    /// `_byte_pair_merge` does: each round merges the lowest-ranked
+    /// adjacent pair, the leftmost among equals. Linear rounds, for short
+    /// pieces.
+    pub fn merged_small(&self, piece: &[u8]) -> usize {
+        // (start, rank of the part starting there merged with the next).
+        let mut parts: Vec<(usize, Rank)> = (0..piece.len() - 1)
+            .map(|i| (i, self.rank(&piece[i..i + 2])))
+            .collect();
+        parts.push((piece.len() - 1, Rank::MAX));
+        parts.push((piece.len(), Rank::MAX));
+        // The rank of parts i and i + 1 merged, once i + 1 is gone.
+        let after = |parts: &[(usize, Rank)], i: usize| {
+            if i + 3 < parts.len() {
+                self.rank(&piece[parts[i].0..parts[i + 3].0])
+            } else {
+                Rank::MAX
+            }
+        };
+        loop {
+            let (i, min) = parts[..parts.len() - 1].iter().enumerate().fold(
+                (0, Rank::MAX),
+                |m, (i, &(_, r))| if r < m.1 { (i, r) } else { m },
+            );
+            if min == Rank::MAX {
+                return parts.len() - 1;
+            }
+            if i > 0 {
+                parts[i - 1].1 = after(&parts, i - 1);
+            }
+            parts[i].1 = after(&parts, i);
+            parts.remove(i + 1);
+        }
+    }
+
+    /// The same merge with a heap (tiktoken-rs' `_byte_pair_merge_large`),
+    /// for long pieces: the piece's bytes less the merges made.
+    pub fn merged_large(&self, piece: &[u8]) -> usize {
+        /// The part beginning at a byte: the part before it, where it
+        /// ends, where the part after it ends, and the rank of the two
+        /// merged (`Rank::MAX`: not a token).
+        struct Part {
+            prev: usize,
+            end: usize,
+            next_end: usize,
+            next_rank: Rank,
+        }
+        let mut parts: Vec<Part> = (0..piece.len())
+            .map(|i| Part {
+                prev: i.wrapping_sub(1),
+                end: i + 1,
+                next_end: i + 2,
+                next_rank: Rank::MAX,
+            })
+            .collect();
+        // Min-heap by (rank, start).
+        let mut heap = BinaryHeap::with_capacity(piece.len());
+        for i in 0..piece.len() - 1 {
+            let rank = self.rank(&piece[i..i + 2]);
+            if rank != Rank::MAX {
+                heap.push(Reverse((rank, i)));
+                parts[i].next_rank = rank;
+            }
+        }
+        let pair = |parts: &mut Vec<Part>, heap: &mut BinaryHeap<_>, start: usize, end: usize| {
+            parts[start].next_end = end;
+            parts[start].next_rank = Rank::MAX;
+            if end <= piece.len() {
+                let rank = self.rank(&piece[start..end]);
+                if rank != Rank::MAX {
+                    heap.push(Reverse((rank, start)));
+                    parts[start].next_rank = rank;
+                }
+            }
+        };
+        let mut merges = 0;
+        while let Some(Reverse((rank, left))) = heap.pop() {
+            if rank != parts[left].next_rank {
+                continue; // invalidated by an earlier merge
+            }
+            let right = parts[left].end;
+            let right_end = parts[left].next_end;
+            let after = parts[right].next_end;
+            parts[left].end = right_end;
+            pair(&mut parts, &mut heap, left, after);
+            if right_end < parts.len() {
+                parts[right_end].prev = left;
+            }
+            if left > 0 {
+                let prev = parts[left].prev;
+                pair(&mut parts, &mut heap, prev, right_end);
+            }
+            parts[right].next_rank = Rank::MAX;
+            merges += 1;
+        }
+        piece.len() - merges
+    }
+}
