@@ -86,9 +86,11 @@ def scripts(lua):
     def src(*names):
         return "\n".join(open(os.path.join(lua, n)).read() for n in names)
 
+    # Since ae31d1d every session script begins with rules.lua.
+    rules = ("rules.lua",) if os.path.exists(os.path.join(lua, "rules.lua")) else ()
     return {
-        "start": src("common.lua", "walk.lua", "start_turn.lua"),
-        "finalize": src("common.lua", "finalize_turn.lua"),
+        "start": src(*rules, "common.lua", "walk.lua", "start_turn.lua"),
+        "finalize": src(*rules, "common.lua", "finalize_turn.lua"),
     }
 
 
