@@ -417,26 +417,27 @@ mod tests {
     }
 
     proptest::proptest! {
-           #![proptest_config(proptest::prelude::ProptestConfig::with_cases(6000))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(6000))]
 
-           /// The per-thread counter counts as tiktoken-rs' encoder does:
-           /// texts of every kind, and texts dense with whitespace, where the
-           /// pattern's lookahead was.
-           #[test]
-           fn counts_equal_tiktoken_rs(
-               text in proptest::prop_oneof![
-                   "[ \t\n\r\u{a0}\u{2003}\u{3000}\u{85}abC1.'!漢]{0,40}",
-                   "( |\n|\r\n|\t|  \n|\n\n| [a-z]+|[a-z]+|[0-9]+|[.!?]|'s)*",
-    "([a-zA-Z0-9 .,!?'\"()\\-:;\t\r\n/éÉß漢字🙂…\u{301}\u{a0}]|\n\n\n|   |<\\|endoftext\\|>|'ll|'S|1234567|[a-zé]{100,130}|[ \n]{100,120})*",
-               ],
-               encoding in 0..Encoding::ALL.len(),
-           ) {
-               static TIKTOKEN: [OnceLock<tiktoken_rs::CoreBPE>; 6] = [const { OnceLock::new() }; 6];
-               let enc = Encoding::ALL[encoding];
-               let bpe = TIKTOKEN[enc.slot()].get_or_init(|| counter::tiktoken(enc));
-               proptest::prop_assert_eq!(enc.count(&text) as usize, bpe.encode_ordinary(&text).len());
-           }
-       }
+        /// The per-thread counter counts as tiktoken-rs' encoder does:
+        /// texts of every kind, and texts dense with whitespace, where the
+        /// pattern's lookahead was.
+        #[test]
+        fn counts_equal_tiktoken_rs(
+            text in proptest::prop_oneof![
+                "[ \t\n\r\u{a0}\u{2003}\u{3000}\u{85}abC1.'!漢]{0,40}",
+                "( |\n|\r\n|\t|  \n|\n\n| [a-z]+|[a-z]+|[0-9]+|[.!?]|'s)*",
+                "([a-zA-Z0-9 .,!?'\"()\\-:;\t\r\n/éÉß漢字🙂…\u{301}\u{a0}]|\n\n\n|   \
+                 |<\\|endoftext\\|>|'ll|'S|1234567|[a-zé]{100,130}|[ \n]{100,120})*",
+            ],
+            encoding in 0..Encoding::ALL.len(),
+        ) {
+            static TIKTOKEN: [OnceLock<tiktoken_rs::CoreBPE>; 6] = [const { OnceLock::new() }; 6];
+            let enc = Encoding::ALL[encoding];
+            let bpe = TIKTOKEN[enc.slot()].get_or_init(|| counter::tiktoken(enc));
+            proptest::prop_assert_eq!(enc.count(&text) as usize, bpe.encode_ordinary(&text).len());
+        }
+    }
 
     #[test]
     fn special_token_text_counts_as_text() {

@@ -352,7 +352,8 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
-        let mut access = Access::Claim;
+        // What the import does to a new session, or to the live one.
+        let mut access = rules::access(None, req.user_id.map(UserId::as_str));
         if let Some(s) = state.live(req.session_id, now) {
             access = rules::access(
                 s.user_id.as_ref().map(UserId::as_str),
@@ -382,7 +383,7 @@ impl Store for MemoryStore {
             .sessions
             .entry(req.session_id.clone())
             .or_insert_with(|| Session::new(req.now, now, creator));
-        let claim = access == Access::Claim && req.user_id.is_some();
+        let claim = access == Access::Claim;
         if claim {
             session.user_id = req.user_id.cloned();
         }
