@@ -7,7 +7,9 @@
 //! The pre-tokenizer is tiktoken's pattern without its lookahead, on the
 //! `regex` crate's automata (see `Splitter`); each piece counts one token
 //! when it is one, else as many as tiktoken's byte-pair merge leaves
-//! (tiktoken-rs' two merges, MIT, counting here instead of collecting).
+//! (tiktoken's two merges, counting here instead of collecting: adapted
+//! from its Rust core as tiktoken-rs vendors it, MIT License, see
+//! LICENSE-tiktoken).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
