@@ -25,7 +25,10 @@ use super::Encoding;
 fn ranks(encoding: Encoding) -> &'static Ranks {
     static RANKS: [OnceLock<Ranks>; 6] = [const { OnceLock::new() }; 6];
     RANKS[encoding.slot()].get_or_init(|| {
-        let ranks = Ranks::new(ordinary_tokens(&tiktoken(encoding)));
+        // tiktoken-rs' encoder is dropped before the map is built: the
+        // start's peak holds one of them, and the tokens' bytes.
+        let (block, tokens) = ordinary_tokens(&tiktoken(encoding));
+        let ranks = Ranks::new(block, tokens);
         // mimalloc (main.rs) keeps freed memory for reuse: give back the
         // encoder's ~30 MB now.
         // SAFETY: mi_collect takes no pointer; it frees nothing in use.
@@ -34,26 +37,30 @@ fn ranks(encoding: Encoding) -> &'static Ranks {
     })
 }
 
-/// The ordinary tokens of `bpe`: ranks from 0 up, but its special tokens,
-/// to the first that is neither (tiktoken's files number their tokens
-/// densely; p50k's special token sits between ordinary ones).
-fn ordinary_tokens(bpe: &CoreBPE) -> Vec<(Vec<u8>, Rank)> {
+/// The ordinary tokens of `bpe`, their bytes one after another and each
+/// one's length and rank: ranks from 0 up, but its special tokens, to the
+/// first that is neither (tiktoken's files number their tokens densely;
+/// p50k's special token sits between ordinary ones).
+fn ordinary_tokens(bpe: &CoreBPE) -> (Vec<u8>, Vec<(u32, Rank)>) {
     let special: HashSet<Rank> = bpe
         .special_tokens()
         .into_iter()
         .flat_map(|s| bpe.encode_with_special_tokens(s))
         .collect();
-    let mut tokens = Vec::new();
+    let (mut block, mut tokens) = (Vec::new(), Vec::new());
     for rank in 0.. {
         if special.contains(&rank) {
             continue;
         }
         match bpe.decode_bytes(&[rank]) {
-            Ok(bytes) => tokens.push((bytes, rank)),
+            Ok(bytes) => {
+                block.extend_from_slice(&bytes);
+                tokens.push((bytes.len() as u32, rank));
+            }
             Err(_) => break,
         }
     }
-    tokens
+    (block, tokens)
 }
 
 #[cfg(test)]

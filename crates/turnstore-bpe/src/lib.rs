@@ -26,20 +26,18 @@ pub type Rank = u32;
 pub struct Ranks(FxHashMap<&'static [u8], Rank>);
 
 impl Ranks {
-    /// From every ordinary token and its rank. The tokens' bytes are kept
-    /// for the life of the process (encoders are built once).
-    pub fn new(tokens: Vec<(Vec<u8>, Rank)>) -> Self {
-        let block: &'static [u8] = tokens
-            .iter()
-            .flat_map(|(b, _)| b.iter().copied())
-            .collect::<Vec<u8>>()
-            .leak();
+    /// From every ordinary token: their bytes one after another in
+    /// `block`, and each one's length and rank in that order. The block is
+    /// kept for the life of the process (encoders are built once).
+    pub fn new(block: Vec<u8>, tokens: Vec<(u32, Rank)>) -> Self {
+        let block: &'static [u8] = block.leak();
         let mut ranks = FxHashMap::default();
         ranks.reserve(tokens.len());
         let mut at = 0;
-        for (bytes, rank) in &tokens {
-            ranks.insert(&block[at..at + bytes.len()], *rank);
-            at += bytes.len();
+        for (len, rank) in tokens {
+            let end = at + len as usize;
+            ranks.insert(&block[at..end], rank);
+            at = end;
         }
         Ranks(ranks)
     }
