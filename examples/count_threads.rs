@@ -1,7 +1,7 @@
 //! Counting the bench's question and answer on one and on two threads at
 //! once: tiktoken-rs' encoder (its regex's pools serve one thread fast and
 //! the others through a lock) against `Encoding::count` (tokens/counter.rs:
-//! a regex per thread). `cargo run --release --example count_threads`.
+//! one regex, a search cache per thread). `cargo run --release --example count_threads`.
 use std::time::Instant;
 use turnstore::tokens::Encoding;
 fn main() {

@@ -1,4 +1,4 @@
-//! tiktoken's count, with the pre-tokenizer compiled per thread.
+//! tiktoken's count, with a pre-tokenizer search cache per thread.
 //!
 //! tiktoken-rs keeps 128 clones of one `fancy_regex::Regex` so that threads
 //! do not share one, but fancy-regex's clones share their program and its
@@ -8,8 +8,8 @@
 //! core loop, `bench/profile`). Its pattern also needs fancy-regex's
 //! backtracking VM for one lookahead. So the ranks are taken once from
 //! tiktoken-rs' encoder, which is then dropped, and counted by
-//! `turnstore_bpe`: the pattern without its lookahead on the `regex`
-//! crate's automata, compiled per thread on its first count, and
+//! `turnstore_bpe`: the pattern without its lookahead on regex-automata's
+//! meta regex, compiled once, with a search cache per thread, and
 //! tiktoken's byte-pair merges, counting. Tests compare its counts with
 //! tiktoken-rs' in every encoding.
 
@@ -91,7 +91,7 @@ fn pattern(encoding: Encoding) -> Pattern {
 }
 
 thread_local! {
-    /// This thread's pre-tokenizers, by encoding slot.
+    /// This thread's pre-tokenizers (its search caches), by encoding slot.
     static SPLITTERS: [OnceCell<Splitter>; 6] = const { [const { OnceCell::new() }; 6] };
 }
 

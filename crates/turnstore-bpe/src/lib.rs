@@ -5,16 +5,20 @@
 //! of a long piece take seconds unoptimised.
 //!
 //! The pre-tokenizer is tiktoken's pattern without its lookahead, on the
-//! `regex` crate's automata (see `Splitter`); each piece counts one token
+//! `regex` crate's automata (regex-automata's `meta::Regex`, see
+//! `Splitter`); each piece counts one token
 //! when it is one, else as many as tiktoken's byte-pair merge leaves
 //! (tiktoken's two merges, counting here instead of collecting: adapted
 //! from its Rust core as tiktoken-rs vendors it, MIT License, see
 //! LICENSE-tiktoken).
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::OnceLock;
 
-use regex::Regex;
+use regex_automata::Input;
+use regex_automata::meta::{Cache, Regex};
 use rustc_hash::FxHashMap;
 
 /// A token's rank.
@@ -103,10 +107,13 @@ const O200K: &str = concat!(
 const CL100K: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s+$|\s*[\r\n]|\s+";
 const P50K: &str = r"'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+$|\s+";
 
-/// A pre-tokenizer. Its regex has pools of caches whose fast path serves
-/// only the first thread that used them: give each thread its own.
+/// A thread's pre-tokenizer: the pattern's regex, compiled once for the
+/// process, and this thread's own search cache. (The regex's own pool of
+/// caches serves only the first thread that used it without a lock; and
+/// compiling the pattern per thread took ~2.5 ms on each new thread.)
 pub struct Splitter {
-    regex: Regex,
+    regex: &'static Regex,
+    cache: RefCell<Cache>,
     /// The pattern's alternative for whitespace ending in a newline comes
     /// before `\s+` (o200k, cl100k): a run `\s+` matches has none.
     newline_first: bool,
@@ -114,13 +121,17 @@ pub struct Splitter {
 
 impl Splitter {
     pub fn new(pattern: Pattern) -> Self {
-        let (pattern, newline_first) = match pattern {
-            Pattern::O200k => (O200K, true),
-            Pattern::Cl100k => (CL100K, true),
-            Pattern::P50k => (P50K, false),
+        static COMPILED: [OnceLock<Regex>; 3] = [const { OnceLock::new() }; 3];
+        let (slot, source, newline_first) = match pattern {
+            Pattern::O200k => (0, O200K, true),
+            Pattern::Cl100k => (1, CL100K, true),
+            Pattern::P50k => (2, P50K, false),
         };
+        let regex =
+            COMPILED[slot].get_or_init(|| Regex::new(source).expect("tiktoken's patterns compile"));
         Splitter {
-            regex: Regex::new(pattern).expect("tiktoken's patterns compile"),
+            regex,
+            cache: RefCell::new(regex.create_cache()),
             newline_first,
         }
     }
@@ -132,9 +143,13 @@ impl Splitter {
     /// whitespace alone, but the newline ones (o200k, cl100k), whose
     /// matches end in a newline, and `\s+$`, which ends the text.
     pub fn split(&self, text: &str, mut f: impl FnMut(&[u8])) {
+        let cache = &mut *self.cache.borrow_mut();
         let mut at = 0;
-        while let Some(m) = self.regex.find_at(text, at) {
-            let piece = m.as_str();
+        while let Some(m) = self
+            .regex
+            .search_with(cache, &Input::new(text).span(at..text.len()))
+        {
+            let piece = &text[m.range()];
             let mut end = m.end();
             if end < text.len()
                 && let Some((last_at, last)) = piece.char_indices().next_back()
