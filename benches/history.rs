@@ -11,7 +11,7 @@ use std::hint::black_box;
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use turnstore::domain::TurnId;
 use turnstore::history::template::{Caches, Globals, Template, Templates, select_template};
-use turnstore::history::{Candidate, Content, Format, Options, messages, render_text, select};
+use turnstore::history::{Candidate, Content, Format, Options, Rendering, select};
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
 const QUESTION: &str = "How do I rotate the API keys of our staging cluster without downtime, and who needs to approve it first?";
@@ -48,9 +48,10 @@ fn turns(n: u64) -> Vec<Candidate> {
 /// Selects and renders, as a read does once the store offers candidates.
 fn read(candidates: &[Candidate], opts: &Options) -> usize {
     let s = select(candidates.iter().cloned(), opts);
-    match opts.format {
-        Format::Text | Format::Turns => render_text(&s.turns).len(),
-        Format::Messages => messages(s.turns).len(),
+    match opts.format.render(None, s.turns) {
+        Rendering::Text(text) => text.len(),
+        Rendering::Messages(messages) => messages.len(),
+        Rendering::Turns(turns) => turns.len(),
     }
 }
 

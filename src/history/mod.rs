@@ -3,15 +3,14 @@
 //! they sum live in `tokens`.
 
 mod candidate;
+mod format;
 mod pick;
 mod render;
 mod select;
 pub mod template;
 
 pub use candidate::{Candidate, Content, Copies, SelectedTurn, TRUNCATION_MARK, needed_bytes};
+pub use format::{Format, MESSAGE_OVERHEAD, Rendering, Shape};
 pub use pick::{Picked, Picker};
 pub use render::{Message, Role, messages, messages_with, render_text, render_text_with};
-pub use select::{
-    BudgetState, Cost, Format, MESSAGE_OVERHEAD, Options, Prelude, Selection, Selector, StoppedBy,
-    select,
-};
+pub use select::{BudgetState, Cost, Options, Prelude, Selection, Selector, StoppedBy, select};

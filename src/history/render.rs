@@ -96,7 +96,8 @@ mod tests {
     use super::*;
     use crate::domain::TurnId;
     use crate::history::candidate::{Candidate, Content, TRUNCATION_MARK};
-    use crate::history::select::{Format, MESSAGE_OVERHEAD, Options, Selection, StoppedBy, select};
+    use crate::history::format::Format;
+    use crate::history::select::{Options, Selection, StoppedBy, select};
     use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
     fn turn(seq: u64, q: &str, a: &str) -> Candidate {
@@ -143,13 +144,7 @@ mod tests {
     }
 
     fn fresh_count(s: &Selection, format: Format, enc: Encoding) -> u32 {
-        match format {
-            Format::Text | Format::Turns => enc.count(&render_text(&s.turns)),
-            Format::Messages => messages(s.turns.clone())
-                .iter()
-                .map(|m| enc.count(&m.content) + MESSAGE_OVERHEAD)
-                .sum(),
-        }
+        format.render(None, s.turns.clone()).count(enc, None)
     }
 
     #[test]
@@ -350,11 +345,7 @@ mod tests {
     }
 
     fn format() -> impl Strategy<Value = Format> {
-        prop_oneof![
-            Just(Format::Text),
-            Just(Format::Messages),
-            Just(Format::Turns)
-        ]
+        proptest::sample::select(&Format::ALL[..])
     }
 
     proptest! {

@@ -6,32 +6,18 @@
 //! stops at the first refusal: a read costs what it returns, plus one turn.
 //!
 //! Its Lua twin is the walk's budget (`store/redis/lua/walk.lua`), which
-//! keeps a Redis read to the turns it returns; `store/redis/walk_twin.rs`
+//! keeps a Redis read to the turns it returns; `store/redis/twins/walk.rs`
 //! runs the two over the same random costs and bounds and compares their
-//! choices directly.
+//! choices directly. What a turn costs is its format's (`format.rs`).
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::candidate::{Candidate, Content, SelectedTurn, truncate};
+use super::format::Format;
 use super::template::Template;
-use crate::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens};
+use crate::tokens::Encoding;
 use crate::turn::TurnView;
-
-/// Per-message overhead of the `messages` rendering, in tokens.
-pub const MESSAGE_OVERHEAD: u32 = 4;
-
-/// How a history is returned: `text` (the rendering), `messages` (chat
-/// messages) or `turns` (Turn objects, budgeted as `text`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[schema(as = HistoryFormat)]
-pub enum Format {
-    #[default]
-    Text,
-    Messages,
-    Turns,
-}
 
 /// The bound that stopped a selection before every candidate was in it.
 /// When several stop it at the same turn, the first of these names it.
@@ -128,22 +114,6 @@ pub struct Cost {
     pub bytes: u64,
 }
 
-impl Cost {
-    pub fn of(format: Format, q: &QueryTokens, a: &AnswerTokens, bytes: u64) -> Self {
-        let (inner, last) = match format {
-            Format::Text | Format::Turns => (
-                q.user_line + a.assistant_sep,
-                q.user_line + a.assistant_last,
-            ),
-            Format::Messages => {
-                let both = q.query + a.answer + 2 * MESSAGE_OVERHEAD;
-                (both, both)
-            }
-        };
-        Cost { inner, last, bytes }
-    }
-}
-
 /// The running cost of a selection. Total = header + `inner_sum` + the
 /// newest turn's `last`; every other chosen turn counts at its `inner`.
 /// The Redis store's Lua walk keeps the same state (see `walk.lua`).
@@ -170,24 +140,6 @@ pub struct Prelude {
     pub bytes: u64,
 }
 
-impl Prelude {
-    /// From a summary's counts in the read's encoding.
-    pub fn of(format: Format, t: &SummaryTokens, bytes: u64) -> Self {
-        match format {
-            Format::Text | Format::Turns => Prelude {
-                alone: t.alone,
-                joined: t.joined,
-                bytes,
-            },
-            Format::Messages => Prelude {
-                alone: t.message + MESSAGE_OVERHEAD,
-                joined: t.message + MESSAGE_OVERHEAD,
-                bytes,
-            },
-        }
-    }
-}
-
 /// Selects among candidates offered one at a time.
 #[derive(Debug)]
 pub struct Selector {
@@ -204,10 +156,7 @@ pub struct Selector {
 
 impl Selector {
     pub fn new(opts: &Options) -> Self {
-        let header = match opts.format {
-            Format::Text | Format::Turns => opts.encoding.header_count(),
-            Format::Messages => 0,
-        };
+        let header = opts.format.header(opts.encoding);
         Selector {
             opts: opts.clone(),
             header,
@@ -368,16 +317,12 @@ impl Selector {
         let enc = self.opts.encoding;
         let (user_query, query_cut) = truncate(c.user_query, self.opts.max_query_chars);
         let (final_answer, answer_cut) = truncate(c.final_answer, self.opts.max_answer_chars);
-        let q = match c.costs.query {
-            t if t.encoding == enc && !query_cut && !c.recount => t,
-            _ => QueryTokens::count(enc, &user_query),
-        };
-        let a = match c.costs.answer {
-            t if t.encoding == enc && !answer_cut && !c.recount => t,
-            _ => AnswerTokens::count(enc, &final_answer),
-        };
-        let bytes = (user_query.len() + final_answer.len()) as u64;
-        let cost = Cost::of(self.opts.format, &q, &a, bytes);
+        let q = Some(c.costs.query).filter(|t| t.encoding == enc && !query_cut && !c.recount);
+        let a = Some(c.costs.answer).filter(|t| t.encoding == enc && !answer_cut && !c.recount);
+        let cost = self
+            .opts
+            .format
+            .cost(enc, (user_query.as_str(), q), (final_answer.as_str(), a));
         let copy = |c: Option<Content>, max| c.map(|c| truncate(c, max));
         let query_en = copy(c.copies.user_query, self.opts.max_query_chars);
         let answer_en = copy(c.copies.final_answer, self.opts.max_answer_chars);

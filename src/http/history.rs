@@ -16,7 +16,7 @@ use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::template::Templates;
-use crate::history::{self, Format, Message, Options, SelectedTurn, StoppedBy};
+use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy};
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::Encoding;
@@ -412,20 +412,17 @@ impl HistoryResponse {
             unsummarized: stored.unsummarized.map(UnsummarizedOut::from),
             generation: stored.generation,
         };
+        if let Some(rendered) = stored.rendered {
+            // A template's rendering (its format is `text`).
+            out.rendered = Some(rendered);
+            return out;
+        }
         let summary = stored.summary.as_ref().map(|s| s.text.as_str());
-        match opts.format {
-            Format::Text => {
-                out.rendered = Some(
-                    stored
-                        .rendered
-                        .unwrap_or_else(|| history::render_text_with(summary, &selection.turns)),
-                )
-            }
-            Format::Messages => {
-                out.messages = Some(history::messages_with(summary, selection.turns))
-            }
-            Format::Turns => {
-                out.turns = Some(selection.turns.into_iter().map(Turn::from).collect());
+        match opts.format.render(summary, selection.turns) {
+            Rendering::Text(text) => out.rendered = Some(text),
+            Rendering::Messages(messages) => out.messages = Some(messages),
+            Rendering::Turns(turns) => {
+                out.turns = Some(turns.into_iter().map(Turn::from).collect());
                 out.summary = stored
                     .summary
                     .as_ref()

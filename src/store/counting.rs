@@ -49,9 +49,8 @@ pub(crate) async fn begin(
 /// What the summary adds before the turns under the read's encoding: its
 /// stored counts when they apply, else counted now.
 pub(crate) async fn prelude(summary: &StoredSummary, read: &Options) -> Prelude {
-    let bytes = summary.text.len() as u64;
     if summary.tokens.encoding == read.encoding {
-        return Prelude::of(read.format, &summary.tokens, bytes);
+        return read.format.prelude(&summary.text, &summary.tokens);
     }
     let (text, enc) = (summary.text.clone(), read.encoding);
     let tokens = if text.len() > COUNT_INLINE_BYTES {
@@ -62,7 +61,7 @@ pub(crate) async fn prelude(summary: &StoredSummary, read: &Options) -> Prelude 
     } else {
         SummaryTokens::count(enc, &text)
     };
-    Prelude::of(read.format, &tokens, bytes)
+    read.format.prelude(&summary.text, &tokens)
 }
 
 pub(crate) const SLICE_TURNS: usize = 64;

@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 
 use super::llm::{Garbage, LlmClient, LlmError};
 use crate::domain::SessionId;
-use crate::history::{MESSAGE_OVERHEAD, Options};
+use crate::history::{Format, Options};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, SummaryWrite};
 use crate::tokens::{Encoding, SummaryTokens};
@@ -261,7 +261,12 @@ impl Summarizer {
             };
         // A summary a default history cannot hold with turns beside it
         // would crowd them out, and then be folded into again and again.
-        let takes = counts.alone.max(counts.message + MESSAGE_OVERHEAD);
+        // (What it takes in the format it takes most in.)
+        let takes = Format::ALL
+            .iter()
+            .map(|f| f.prelude(&text, &counts).alone)
+            .max()
+            .unwrap_or(counts.alone);
         if takes > self.plan.max_summary_tokens {
             return Err(Failure::Llm(LlmError::Garbage(Garbage::OverBudget {
                 tokens: takes,

@@ -12,9 +12,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use turnstore::domain::{IdempotencyKey, SessionId, TurnId, UserId};
 use turnstore::history::template::Templates;
-use turnstore::history::{
-    Format, MESSAGE_OVERHEAD, Options, Selection, messages_with, render_text, render_text_with,
-};
+use turnstore::history::{Format, Options, Selection, render_text};
 use turnstore::metrics::Metrics;
 use turnstore::store::{
     Import, ImportedTurn, Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite,
@@ -185,11 +183,7 @@ fn read() -> impl Strategy<Value = Read> {
             0usize..5,
             prop_oneof![0u32..80, Just(4096)],
             prop_oneof![0u64..120, Just(1 << 22)],
-            prop_oneof![
-                Just(Format::Text),
-                Just(Format::Messages),
-                Just(Format::Turns)
-            ],
+            proptest::sample::select(&Format::ALL[..]),
             0..Encoding::ALL.len(),
         ),
         (
@@ -685,13 +679,9 @@ impl Pair {
 
 /// The count of a selection's rendering, taken afresh.
 fn fresh_count(summary: Option<&str>, s: &Selection, o: &Options) -> u32 {
-    match o.format {
-        Format::Text | Format::Turns => o.encoding.count(&render_text_with(summary, &s.turns)),
-        Format::Messages => messages_with(summary, s.turns.clone())
-            .iter()
-            .map(|m| o.encoding.count(&m.content) + MESSAGE_OVERHEAD)
-            .sum(),
-    }
+    o.format
+        .render(summary, s.turns.clone())
+        .count(o.encoding, summary)
 }
 
 fn run(mut settings: Settings, cases: u32, log: impl Fn() -> String) {

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::{MemoryStore, Session};
 use crate::domain::SessionId;
-use crate::history::{Candidate, Content, Copies, Format, Options};
+use crate::history::{Candidate, Content, Copies, Options};
 use crate::store::counting::{self, offer_all};
 use crate::store::{
     CountsIn, MAX_WAITING, StoreError, StoredHistory, StoredSummary, Unreturned, Unsummarized,
@@ -196,12 +196,13 @@ fn candidate(t: &FinalizedTurn, read: &Options) -> Candidate {
         )
     };
     let copy = |e: Option<&String>, max| e.map(|e| Content::for_read(e, max));
-    let copies = match read.format {
-        Format::Turns => Copies {
+    let copies = if read.format.shows_copies() {
+        Copies {
             user_query: copy(t.start.english.as_ref().map(|e| &e.text), q_max),
             final_answer: copy(t.end.english.as_ref().map(|e| &e.text), a_max),
-        },
-        Format::Text | Format::Messages => Copies::default(),
+        }
+    } else {
+        Copies::default()
     };
     Candidate {
         turn_id: t.start.turn_id,

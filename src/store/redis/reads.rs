@@ -9,9 +9,7 @@ use super::reply::{Reply, corrupt};
 use super::scripts::{args, pack};
 use super::summaries::{self, Described};
 use crate::domain::SessionId;
-use crate::history::{
-    BudgetState, Candidate, Format, Options, Picker, Selection, Selector, StoppedBy,
-};
+use crate::history::{BudgetState, Candidate, Options, Picker, Selection, Selector, StoppedBy};
 use crate::store::counting::{self, offer_all};
 use crate::store::{SessionInfo, StoreError, StoredHistory, StoredSummary, Unsummarized};
 use crate::turn::{Millis, TurnView};
@@ -64,11 +62,11 @@ pub(super) fn walk_args(
         ],
     );
     out.push(o.encoding.code());
-    out.push(u8::from(o.format != Format::Messages));
+    out.push(u8::from(o.format.shape().blocks()));
     out.push(u8::from(keep_first));
     out.push(u8::from(s.newest_may_change));
     out.push(u8::from(o.english));
-    out.push(u8::from(!o.english && o.format == Format::Turns));
+    out.push(u8::from(!o.english && o.format.shows_copies()));
     out.push(u8::from(first && o.summary));
     out.push(u8::from(first));
     out.push(u8::from(budget.is_some()));

@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use super::reply::corrupt;
 use crate::domain::TurnId;
-use crate::history::{Candidate, Content, Copies, Format, Options};
+use crate::history::{Candidate, Content, Copies, Options};
 use crate::store::StoreError;
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 use crate::turn::{Millis, NewPendingTurn, TurnView};
@@ -238,7 +238,7 @@ impl Translations {
     pub fn of(read: &Options) -> Self {
         Translations {
             english: read.english,
-            shown: read.format == Format::Turns,
+            shown: read.format.shows_copies(),
         }
     }
 }

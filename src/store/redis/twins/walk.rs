@@ -12,7 +12,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::Value;
 
 use super::Server;
-use crate::history::{Format, Options, Prelude, Selector, StoppedBy};
+use crate::history::{Format, Options, Selector, StoppedBy};
 use crate::store::redis::reads::{Page, PageEnd, first_budget, walk_args};
 use crate::store::redis::record::{self, Translations};
 use crate::store::redis::reply::Reply;
@@ -50,11 +50,7 @@ fn case() -> impl Strategy<Value = Case> {
         1usize..16,
         0u32..700,
         0u64..4000,
-        prop_oneof![
-            Just(Format::Text),
-            Just(Format::Messages),
-            Just(Format::Turns)
-        ],
+        proptest::sample::select(&Format::ALL[..]),
         any::<bool>(),
         proptest::option::of((0u32..120, 0u32..120, 0u32..120, 0u64..600, 0usize..6)),
     )
@@ -190,7 +186,7 @@ impl Case {
                     joined,
                     message,
                 };
-                s.open_with(Prelude::of(o.format, &tokens, bytes))
+                s.open_with(o.format.prelude(&"x".repeat(bytes as usize), &tokens))
             });
         let reserved =
             !(open && o.keep_first) || candidates.next().is_none_or(|f| s.reserve_first(f));
