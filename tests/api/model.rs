@@ -787,7 +787,7 @@ fn memory_and_redis_agree_at_every_budget() {
         let (m, r) = pair.apply(&put).await;
         assert_eq!(m, r);
         assert!(m.contains("through_seq: 3"), "{m}");
-        for format in [Format::Text, Format::Messages, Format::Turns] {
+        for format in Format::ALL {
             for (keep_first, english) in
                 [(false, false), (true, false), (false, true), (true, true)]
             {
