@@ -122,6 +122,21 @@ impl Encoding {
         counter::warm_up(self);
     }
 
+    /// Builds the encoding's ranks on the blocking pool if they are not
+    /// built yet: the first read in an encoding other than the default
+    /// would otherwise hold its serving thread for their build (~0.1 s;
+    /// the default's are built at start).
+    pub async fn ready(self) {
+        if counter::is_built(self) {
+            return;
+        }
+        if let Err(e) = tokio::task::spawn_blocking(move || self.warm_up()).await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+
     /// Exact count of `text` as ordinary text: special-token strings a user
     /// typed count as the text they are, as chat APIs treat them.
     pub fn count(self, text: &str) -> u32 {

@@ -505,6 +505,7 @@ pub async fn get_history(
     body: Body,
 ) -> Result<Response, ApiError> {
     let read = HistoryRead::parse(&path, &params, body, &app)?;
+    read.options.encoding.ready().await;
     let mut stored = app
         .store
         .history(&read.session, &read.options, now_millis())

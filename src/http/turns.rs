@@ -259,6 +259,9 @@ pub async fn start_turn(
     JsonBody(body): JsonBody<StartTurnRequest>,
 ) -> Result<Response, ApiError> {
     let start = Start::parse(body, &headers, &app.settings, &app.templates)?;
+    if let Some(read) = &start.history {
+        read.encoding.ready().await;
+    }
     let turn_id = TurnId::generate();
     let texts = (start.query, start.query_en);
     let long = texts.0.as_str().len() + texts.1.as_ref().map_or(0, |q| q.as_str().len())

@@ -22,8 +22,14 @@ use turnstore_bpe::{Pattern, Ranks, Splitter};
 
 use super::Encoding;
 
+static RANKS: [OnceLock<Ranks>; 6] = [const { OnceLock::new() }; 6];
+
+/// Whether the encoding's ranks are built (see [`Encoding::ready`]).
+pub(super) fn is_built(encoding: Encoding) -> bool {
+    RANKS[encoding.slot()].get().is_some()
+}
+
 fn ranks(encoding: Encoding) -> &'static Ranks {
-    static RANKS: [OnceLock<Ranks>; 6] = [const { OnceLock::new() }; 6];
     RANKS[encoding.slot()].get_or_init(|| {
         // tiktoken-rs' encoder is dropped before the map is built: the
         // start's peak holds one of them, and the tokens' bytes.
@@ -95,9 +101,10 @@ thread_local! {
     static SPLITTERS: [OnceCell<Splitter>; 6] = const { [const { OnceCell::new() }; 6] };
 }
 
-/// Builds the encoding's ranks now, so the first request does not pay.
+/// Builds the encoding's ranks and compiles its pattern now (a count
+/// does), so the first request does not pay.
 pub(super) fn warm_up(encoding: Encoding) {
-    ranks(encoding);
+    count(encoding, "warm up");
 }
 
 /// tiktoken's count of `text` as ordinary text.
