@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::runtime::Handle;
 
 use crate::config::Settings;
 use crate::history::template::{COUNT_CACHE_CAPACITY, Caches, Templates};
@@ -26,6 +27,7 @@ pub struct Application {
     shutdown_timeout: Duration,
     connections: ConnLimits,
     metrics: Arc<Metrics>,
+    threads: Vec<Handle>,
 }
 
 impl Application {
@@ -95,11 +97,19 @@ impl Application {
             shutdown_timeout,
             connections,
             metrics,
+            threads: Vec::new(),
         })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Serves each connection on one of these runtimes, in turn (see
+    /// `server::threads`), rather than on the one that runs the server.
+    pub fn serve_on(mut self, threads: Vec<Handle>) -> Self {
+        self.threads = threads;
+        self
     }
 
     /// Serves until `shutdown` completes; then stops accepting and lets the
@@ -114,6 +124,7 @@ impl Application {
             self.router,
             self.connections,
             self.metrics,
+            self.threads,
             async move {
                 shutdown.await;
                 let _ = stopping_tx.send(());

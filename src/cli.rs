@@ -10,6 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::app::Application;
 use crate::config::{LogFormat, Settings};
+use crate::server::threads::Threads;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -64,21 +65,17 @@ pub fn main() -> ExitCode {
 
 fn serve(settings: Settings) -> ExitCode {
     init_logging(settings.log_format);
-    // One thread: a current-thread runtime, which has no other worker to
-    // wake or steal from (126 against 138 µs of CPU a question for a
-    // one-worker multi-thread runtime, bench/compare). Counting long texts
-    // still runs on the blocking pool.
-    let mut builder = if settings.worker_threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        if settings.worker_threads > 0 {
-            b.worker_threads(settings.worker_threads);
-        }
-        b
+    // A runtime per thread, each serving the connections handed to it
+    // (see server::threads).
+    let count = match settings.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
     };
-    let runtime = match builder.enable_all().build() {
-        Ok(rt) => rt,
+    let Threads {
+        main: runtime,
+        handles,
+    } = match Threads::start(count) {
+        Ok(threads) => threads,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the runtime");
             return ExitCode::FAILURE;
@@ -93,14 +90,14 @@ fn serve(settings: Settings) -> ExitCode {
             "memory"
         };
         let app = match Application::build(settings.clone()).await {
-            Ok(app) => app,
+            Ok(app) => app.serve_on(handles),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start");
                 eprintln!("turnstore: cannot start: {e}");
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!(listen = %settings.listen, port = app.port(), store, "turnstore serving");
+        tracing::info!(listen = %settings.listen, port = app.port(), store, threads = count, "turnstore serving");
         match app.run_until_stopped(shutdown_signal()).await {
             Ok(()) => {
                 tracing::info!("stopped");

@@ -25,6 +25,7 @@
 //! `Activity` (see `activity`).
 
 mod activity;
+pub mod threads;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -38,6 +39,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tower::ServiceExt;
 
@@ -51,12 +53,15 @@ pub const FILE_RESERVE: u64 = 64;
 
 /// Serves `router` on `listener` until `shutdown` completes; then stops
 /// accepting, lets each connection finish its requests in flight, and
-/// returns once all are closed.
+/// returns once all are closed. Each connection is served on the runtime
+/// of `threads` whose turn it is (see `threads`), or on this one when
+/// there are none.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnLimits,
     metrics: Arc<Metrics>,
+    threads: Vec<Handle>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let open = Arc::new(Open::default());
@@ -65,6 +70,7 @@ pub async fn serve(
     // keep-alive connections short, and arm a timer for every request.
     let builder = Arc::new(auto::Builder::new(TokioExecutor::new()));
     let mut last_accept_error: Option<Instant> = None;
+    let mut accepted_count = 0usize;
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -107,7 +113,8 @@ pub async fn serve(
             metrics: metrics.clone(),
             stopping: stopping.clone(),
         };
-        tokio::spawn(task.run(tcp));
+        accepted_count += 1;
+        task.start(tcp, threads.get(accepted_count % threads.len().max(1)));
     }
     drop(listener);
     let _ = stopping_tx.send(true);
@@ -219,6 +226,31 @@ struct Connection {
 }
 
 impl Connection {
+    /// Serves the connection on `thread` (here when `None`, or when it is
+    /// this runtime); there, it is moved to that runtime's reactor.
+    fn start(self, tcp: TcpStream, thread: Option<&Handle>) {
+        let Some(h) = thread.filter(|h| h.id() != Handle::current().id()) else {
+            drop(tokio::spawn(self.run(tcp)));
+            return;
+        };
+        match tcp.into_std() {
+            Ok(tcp) => drop(h.spawn(async move {
+                match TcpStream::from_std(tcp) {
+                    Ok(tcp) => self.run(tcp).await,
+                    Err(e) => self.abandon(&e),
+                }
+            })),
+            Err(e) => self.abandon(&e),
+        }
+    }
+
+    /// A connection that could not be moved to its thread: closed.
+    fn abandon(self, e: &std::io::Error) {
+        tracing::debug!(error = %e, "could not move a connection to its thread");
+        self.metrics.connection_gone();
+        self.open.remove(self.conn.id);
+    }
+
     async fn run(self, tcp: TcpStream) {
         let activity = self.conn.activity.clone();
         let io = TokioIo::new(Watched {

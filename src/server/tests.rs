@@ -82,6 +82,7 @@ async fn a_streaming_response_is_not_idle() {
         router,
         limits,
         metrics,
+        Vec::new(),
         std::future::pending(),
     ));
 
@@ -114,4 +115,67 @@ async fn a_streaming_response_is_not_idle() {
         .await
         .expect("closed once idle");
     assert_eq!(n.unwrap_or(0), 0);
+}
+
+/// Connections are handed to the serving threads in turn, and each is
+/// served whole on its thread; a server stopping waits for those too.
+#[test]
+fn connections_are_served_on_each_thread_in_turn() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let threads::Threads { main, handles } = threads::Threads::start(3).unwrap();
+    assert_eq!(threads::place(), Some((0, 3)));
+    main.block_on(async move {
+        let router = Router::new().route(
+            "/where",
+            axum::routing::get(|| async {
+                let (i, n) = threads::place().expect("on a serving thread");
+                format!("{i}/{n}")
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ConnLimits {
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            Arc::new(Metrics::new()),
+            handles,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        let mut seen = Vec::new();
+        let mut conns = Vec::new();
+        for _ in 0..6 {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            // Twice on one connection: the same thread both times.
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                tcp.write_all(b"GET /where HTTP/1.1\r\nhost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut buf = [0u8; 1024];
+                let n = tcp.read(&mut buf).await.unwrap();
+                let text = String::from_utf8_lossy(&buf[..n]).to_string();
+                answers.push(text.rsplit("\r\n").next().unwrap().to_owned());
+            }
+            assert_eq!(answers[0], answers[1]);
+            seen.push(answers[0].clone());
+            conns.push(tcp);
+        }
+        assert_eq!(seen, ["1/3", "2/3", "0/3", "1/3", "2/3", "0/3"]);
+        let _ = stop.send(());
+        drop(conns);
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the server stops once its connections close")
+            .unwrap();
+    });
 }

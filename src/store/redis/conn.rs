@@ -37,6 +37,32 @@ pub(super) struct Standalone {
     next: AtomicUsize,
 }
 
+impl Standalone {
+    /// The connection a request takes, in turn. On a serving thread (see
+    /// `server::threads`), among that thread's own: connection `i` belongs
+    /// to thread `i` modulo their number, so that its task (which writes
+    /// the commands and reads the replies, started on its first use) runs
+    /// on the thread of the requests it carries, and a round trip wakes no
+    /// other thread. With fewer connections than threads, threads share.
+    fn pick(&self) -> usize {
+        let turn = self.next.fetch_add(1, Ordering::Relaxed);
+        conn_for(turn, self.conns.len(), crate::server::threads::place())
+    }
+}
+
+/// Which of `n` connections the `turn`th request takes on the serving
+/// thread at `place` (see [`Standalone::pick`]).
+fn conn_for(turn: usize, n: usize, place: Option<(usize, usize)>) -> usize {
+    match place {
+        Some((i, count)) if count > 1 && n >= count => {
+            let own = (n - i).div_ceil(count);
+            i + count * (turn % own)
+        }
+        Some((i, count)) if count > 1 => i % n,
+        _ => turn % n,
+    }
+}
+
 pub(super) struct ClusterTarget {
     client: ClusterClient,
     conn: tokio::sync::Mutex<Option<ClusterConnection>>,
@@ -266,7 +292,7 @@ impl Connections {
     async fn connection(&self) -> Result<Conn, StoreError> {
         match &self.target {
             Target::Standalone(pool) => {
-                let i = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
+                let i = pool.pick();
                 Ok(Conn::Standalone {
                     conn: pool.conns[i].clone(),
                     _in_flight: InFlight::new(&pool.in_flight[i]),
@@ -411,5 +437,45 @@ impl Connections {
             // Requests queued behind another on a multiplexed connection.
             waiting: busy.iter().map(|n| n.saturating_sub(1)).sum(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::conn_for;
+
+    /// Each serving thread takes every connection of its own in turn, and
+    /// no other's; every connection has a thread; fewer connections than
+    /// threads are shared.
+    #[test]
+    fn each_thread_takes_its_own_connections_in_turn() {
+        for n in 1..9 {
+            for count in 1..6 {
+                let mut owner = vec![None; n];
+                for i in 0..count {
+                    let taken: std::collections::BTreeSet<usize> = (0..3 * n)
+                        .map(|turn| conn_for(turn, n, Some((i, count))))
+                        .collect();
+                    assert!(taken.iter().all(|&c| c < n), "n {n} count {count}");
+                    if count == 1 {
+                        assert_eq!(taken.len(), n);
+                    } else if n >= count {
+                        for c in &taken {
+                            assert_eq!(owner[*c].replace(i), None, "n {n} count {count}");
+                        }
+                    } else {
+                        assert_eq!(taken.into_iter().collect::<Vec<_>>(), [i % n]);
+                    }
+                }
+                if count > 1 && n >= count {
+                    assert!(owner.iter().all(Option::is_some), "n {n} count {count}");
+                }
+            }
+        }
+        // Off the serving threads: all in turn.
+        assert_eq!(
+            (0..4).map(|t| conn_for(t, 3, None)).collect::<Vec<_>>(),
+            [0, 1, 2, 0]
+        );
     }
 }
