@@ -116,9 +116,10 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_MAX_CONCURRENCY", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrency: u32,
 
-    /// Threads serving requests; 0 means one per core. Each runs a runtime of
-    /// its own and serves the connections handed to it in turn, whole (no
-    /// work stealing, so no thread wakes another).
+    /// Threads serving requests; 0 means one per core, and more than one per
+    /// core is lowered to that. Each runs a runtime of its own and serves the
+    /// connections handed to it in turn, whole (no work stealing, so no
+    /// thread wakes another).
     #[arg(long, env = "TURNSTORE_WORKER_THREADS", default_value_t = 0)]
     pub worker_threads: usize,
 

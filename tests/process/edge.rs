@@ -122,6 +122,27 @@ async fn long_texts_are_counted_off_the_workers() {
     long_texts_leave_probes_answering("2").await;
 }
 
+/// More serving threads than cores are lowered to one per core (each
+/// would only wait its turn on the cores), with a log line; the service
+/// serves as usual.
+#[tokio::test]
+async fn serving_threads_are_at_most_one_per_core() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let ts = Turnstore::spawn(&[("TURNSTORE_WORKER_THREADS", (cores + 7).to_string())]);
+    let res = client()
+        .get(format!("{}/healthz", ts.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let log = ts.log();
+    assert!(
+        log.contains("TURNSTORE_WORKER_THREADS lowered to one thread per core"),
+        "{log}"
+    );
+    assert!(log.contains(&format!("threads={cores}")), "{log}");
+}
+
 /// The same on one thread, which the service runs as a current-thread
 /// runtime: the counts go to the blocking pool there too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
