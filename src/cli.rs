@@ -65,11 +65,10 @@ pub fn main() -> ExitCode {
 
 fn serve(settings: Settings) -> ExitCode {
     init_logging(settings.log_format);
-    // A runtime per thread, each serving the connections handed to it
-    // (see server::threads).
-    // At most one per core: more would only take turns on the cores, each
-    // woken for its own connections (on 2 cores, 16 such threads cost
-    // 1.56x the CPU a question of 2).
+    // A runtime per thread, each serving the connections handed to it (see
+    // server::threads); at most one per core: more would only take turns
+    // on the cores, each woken for its own connections (on 2 cores, 16
+    // such threads cost 1.56x the CPU a question of 2).
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let count = match settings.worker_threads {
         0 => cores,
