@@ -258,7 +258,11 @@ pub fn redis_store(settings: &Settings, metrics: &Metrics) -> Result<RedisStore,
         ca_pem,
         expired_pending: metrics.expired_pending.clone(),
         key_prefix: settings.key_prefix.clone(),
-        pool_size: settings.redis_pool_size as usize,
+        pool_size: match settings.redis_pool_size {
+            // One per serving thread (two off them: a test's runtime).
+            0 => crate::server::threads::place().map_or(2, |(_, threads)| threads),
+            n => n as usize,
+        },
         timeout: settings.store_timeout,
     };
     Ok(RedisStore::new(options, limits(settings))?)

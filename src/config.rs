@@ -233,8 +233,9 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_CORS_ORIGINS", value_delimiter = ',', value_parser = parse_origin)]
     pub cors_origins: Vec<HeaderValue>,
 
-    /// Multiplexed Redis connections per instance, used in turn.
-    #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    /// Multiplexed Redis connections per instance, used in turn; 0 means one
+    /// per serving thread (each thread then uses its own).
+    #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub redis_pool_size: u32,
 }
 
@@ -372,7 +373,7 @@ mod tests {
         let (_, serve) = matches.subcommand().unwrap();
         let served = <Settings as clap::FromArgMatches>::from_arg_matches(serve).unwrap();
         assert_eq!(served, Settings::default());
-        assert_eq!(served.redis_pool_size, 2);
+        assert_eq!(served.redis_pool_size, 0);
         assert_eq!(served.session_ttl, Duration::from_secs(7 * 24 * 3600));
     }
 

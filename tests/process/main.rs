@@ -377,6 +377,34 @@ async fn requests_beyond_the_concurrency_limit_are_shed() {
     }
 }
 
+/// By default each serving thread gets a Redis connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_has_a_connection_per_serving_thread() {
+    let redis = Redis::unix();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    for (threads, set) in [(1, None), (cores, None), (1, Some(3))] {
+        let mut env = vec![
+            ("TURNSTORE_REDIS_URL", redis.url()),
+            ("TURNSTORE_WORKER_THREADS", threads.to_string()),
+        ];
+        env.extend(set.map(|n: usize| ("TURNSTORE_REDIS_POOL_SIZE", n.to_string())));
+        let ts = Turnstore::spawn(&env);
+        let text = client()
+            .get(format!("{}/metrics", ts.base()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let want = format!(
+            "turnstore_store_pool_connections {}\n",
+            set.unwrap_or(threads)
+        );
+        assert!(text.contains(&want), "no {want:?} in\n{text}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_cover_requests_store_pool_turns_and_build() {
     // Arrange: Redis, a short pending TTL, one turn of each fate.
