@@ -60,6 +60,8 @@ pub enum Rendering {
 impl Rendering {
     /// The exact count of what was rendered, as the format budgets it:
     /// what a read's `token_count` must equal (the tests' oracle).
+    /// `summary` is the one a `turns` rendering returns beside its turns
+    /// (counted as `text` renders it); the others hold theirs.
     pub fn count(&self, encoding: Encoding, summary: Option<&str>) -> u32 {
         match self {
             Rendering::Text(text) => encoding.count(text),
