@@ -290,14 +290,7 @@ async fn slow_heads_silent_and_idle_connections_are_closed() {
         closed_within(&mut idle, Duration::from_secs(8)).await,
         "an idle connection is still open"
     );
-    let metrics = client()
-        .get(format!("{}/metrics", ts.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = ts.metrics().await;
     for reason in ["header_timeout", "idle_timeout"] {
         let line = format!("turnstore_connections_closed_total{{reason=\"{reason}\"}}");
         assert!(metrics.contains(&line), "{line} missing:\n{metrics}");

@@ -686,6 +686,16 @@ impl Turnstore {
         self.log.lock().unwrap().clone()
     }
 
+    /// Its `/metrics` page, as Prometheus scrapes it.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.base()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// CPU time the process has used so far (user and system), from
     /// `/proc/<pid>/stat`.
     pub fn cpu_seconds(&self) -> f64 {

@@ -389,14 +389,7 @@ async fn the_pool_has_a_connection_per_serving_thread() {
         ];
         env.extend(set.map(|n: usize| ("TURNSTORE_REDIS_POOL_SIZE", n.to_string())));
         let ts = Turnstore::spawn(&env);
-        let text = client()
-            .get(format!("{}/metrics", ts.base()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = ts.metrics().await;
         let want = format!(
             "turnstore_store_pool_connections {}\n",
             set.unwrap_or(threads)
@@ -447,8 +440,7 @@ async fn metrics_cover_requests_store_pool_turns_and_build() {
     start("m-1").await; // sweeps the expired one
 
     // Act
-    let res = http.get(format!("{base}/metrics")).send().await.unwrap();
-    let text = res.text().await.unwrap();
+    let text = ts.metrics().await;
 
     // Assert
     for needle in [
@@ -471,14 +463,7 @@ async fn metrics_cover_requests_store_pool_turns_and_build() {
         .send()
         .await
         .unwrap();
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = ts.metrics().await;
     assert!(
         text.contains(r#"turnstore_store_errors_total{op="session_info",kind="unreachable"} 1"#),
         "{text}"
