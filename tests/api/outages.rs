@@ -19,8 +19,10 @@ async fn a_redis_out_of_memory_is_named_and_unready() {
     let Some(redis) = app.redis.as_ref() else {
         return; // an external Redis is not the test's to fill
     };
-    let s = sid();
+    let (s, cleared, erased) = (sid(), sid(), sid());
     app.complete(&s, "q", "a").await;
+    app.complete(&cleared, "q", "a").await;
+    app.complete_as(&erased, "oom-user", "q", "a").await;
 
     redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
     redis.cli(&["CONFIG", "SET", "maxmemory", "1"]);
@@ -48,6 +50,15 @@ async fn a_redis_out_of_memory_is_named_and_unready() {
     );
     let metrics = app.metrics().await;
     assert!(metrics.contains(r#"kind="out_of_memory""#), "{metrics}");
+    // Reads and erasure are not refused: a full Redis still frees memory.
+    let h = ok_json(app.history(&s, "format=turns").await, StatusCode::OK).await;
+    assert_eq!(seqs(&h), [1]);
+    assert_eq!(app.clear(&cleared).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(app.erase_user("oom-user").await.status(), StatusCode::OK);
+    for gone in [&cleared, &erased] {
+        let h = ok_json(app.history(gone, "").await, StatusCode::OK).await;
+        assert_eq!(h["total_turns"], 0, "{h}");
+    }
 
     redis.cli(&["CONFIG", "SET", "maxmemory", "0"]);
     let ready = app.http.get(app.url("/readyz")).send().await.unwrap();

@@ -340,12 +340,16 @@ async fn unknown_templates_and_other_formats_are_refused(backend: Backend) {
     assert_eq!(h["pending_turns"], 0);
 }
 
-/// Scripts run so far (EVAL and EVALSHA), over every Redis node.
+/// Scripts run so far (FCALL, EVAL and EVALSHA), over every Redis node.
 fn script_calls(app: &TestApp) -> u64 {
     app.on_every_redis(&["INFO", "commandstats"])
         .iter()
         .flat_map(|info| info.lines())
-        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_eval:", "cmdstat_evalsha:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?

@@ -1,12 +1,14 @@
 //! Tests of the real `turnstore` binary: graceful shutdown on SIGTERM, what
 //! its logs may never contain, Redis over TLS, the container health check;
 //! slow, idle and piled-up connections and heavy reads (`edge`); what the
-//! start and `/readyz` say of a Redis it cannot use (`startup`).
+//! start and `/readyz` say of a Redis it cannot use (`startup`); how the
+//! Lua scripts are called (`scripts`).
 
 mod edge;
 mod harness;
 mod migrate;
 mod scale;
+mod scripts;
 mod startup;
 
 use std::time::Duration;
@@ -14,7 +16,7 @@ use std::time::Duration;
 use harness::{Redis, Turnstore};
 use serde_json::{Value, json};
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     // A fresh connection per request: each request is either refused or accepted.
     reqwest::Client::builder()
         .pool_max_idle_per_host(0)
@@ -467,84 +469,6 @@ async fn metrics_cover_requests_store_pool_turns_and_build() {
     assert!(
         text.contains(r#"turnstore_store_errors_total{op="session_info",kind="unreachable"} 1"#),
         "{text}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_hot_path_operation_is_one_redis_command() {
-    // Arrange: every script already loaded and the layout checked, so what
-    // follows is the steady state; MONITOR sees each command Redis runs.
-    let redis = Redis::unix();
-    let ts = Turnstore::spawn(&[("TURNSTORE_REDIS_URL", redis.url())]);
-    let http = client();
-    let base = ts.base();
-    let question = |sid: &str, user: Option<&str>| {
-        let mut body = json!({"session_id": sid, "user_query": "q", "history": {"limit": 20}});
-        if let Some(user) = user {
-            body["user_id"] = json!(user);
-        }
-        let (http, base) = (http.clone(), base.clone());
-        async move {
-            let started: Value = http
-                .post(format!("{base}/v1/turns"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let (sid, tid) = (
-                started["session_id"].as_str().unwrap(),
-                started["turn_id"].as_str().unwrap(),
-            );
-            let res = http
-                .post(format!("{base}/v1/sessions/{sid}/turns/{tid}/finalize"))
-                .json(&json!({"final_answer": "a"}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(res.status(), 200);
-        }
-    };
-    let history = |sid: &str| {
-        let req = http.get(format!("{base}/v1/sessions/{sid}/history"));
-        async move { assert_eq!(req.send().await.unwrap().status(), 200) }
-    };
-    question("warm", Some("warm-user")).await;
-    history("warm").await;
-    let monitor = redis.monitor();
-
-    // Act: a session's first question (its user claims it), a second one
-    // with the history, and a history read.
-    question("rt-1", Some("alice")).await;
-    question("rt-1", Some("alice")).await;
-    history("rt-1").await;
-
-    // Assert: one EVALSHA per operation, but for the claim: the start
-    // script asks for the user's index entry first (writing nothing), the
-    // index script writes it, and the start runs again.
-    let from_clients = || -> Vec<String> {
-        let cmds = monitor.commands();
-        cmds.into_iter()
-            .filter(|(src, _)| src != "lua")
-            .map(|(_, name)| name)
-            .collect()
-    };
-    let expected = ["EVALSHA"; 7];
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while from_clients().len() < expected.len() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await; // room for any extra
-    assert_eq!(from_clients(), expected, "{:?}", monitor.commands());
-    assert!(
-        monitor
-            .commands()
-            .iter()
-            .any(|(src, name)| src == "lua" && name == "HMGET"),
-        "the scripts' own commands are seen too: {:?}",
-        monitor.commands()
     );
 }
 

@@ -361,7 +361,9 @@ impl Connections {
                 // cannot read, not an outage: a retry would fail alike.
                 // (A command refused inside a script, OOM say, keeps its
                 // own code and stays an outage.)
-                if e.detail().is_some_and(|d| d.starts_with("user_script:")) {
+                if e.detail().is_some_and(|d| {
+                    d.starts_with("user_script:") || d.starts_with("user_function:")
+                }) {
                     return Err(StoreError::Corrupt(format!("a script failed: {e}")));
                 }
                 if !(dead && tries > 0) {
