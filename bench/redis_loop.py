@@ -13,6 +13,12 @@ for SECONDS, on SESSIONS sessions (fresh each run, so they grow from
 empty; few sessions make long ones). Prints questions and Redis CPU µs a
 question (from /proc ticks of PID, the server's pid) and Redis' µs a call
 of each script (INFO commandstats).
+The scripts run as a function library by FCALL, as the service calls them
+on Redis 7 (EVALSHA=1: by EVALSHA, as on Redis 6). A LUA_DIR holding a
+library.lua runs its functions <name>_start and <name>_finalize instead:
+bench/floor is the floor issue 20 names, two functions that allocate a
+seq, append, read the newest 20 records and slide TTLs, and store the
+answer, with none of the service's guarantees.
 No dependencies but Python 3: it speaks RESP itself.
 
 Two experiments, for designs measured in issue 20 (each with a LUA_DIR
@@ -86,12 +92,46 @@ def scripts(lua):
     def src(*names):
         return "\n".join(open(os.path.join(lua, n)).read() for n in names)
 
+    if os.path.exists(os.path.join(lua, "library.lua")):
+        return {"library": src("library.lua")}
+
     # Since ae31d1d every session script begins with rules.lua.
     rules = ("rules.lua",) if os.path.exists(os.path.join(lua, "rules.lua")) else ()
     return {
         "start": src(*rules, "common.lua", "walk.lua", "start_turn.lua"),
         "finalize": src(*rules, "common.lua", "finalize_turn.lua"),
     }
+
+
+def library(lua, name):
+    """The two scripts as a function library, as the service loads them
+    (src/store/redis/scripts.rs): the shared functions defined once, at
+    load; KEYS and ARGV set by each call."""
+    parts = [f"#!lua name={name}", "local KEYS, ARGV"]
+    parts += [open(os.path.join(lua, n)).read() for n in ("rules.lua", "common.lua", "walk.lua")]
+    for script, f in (("start_turn.lua", "start"), ("finalize_turn.lua", "finalize")):
+        parts.append(f"local function {f}_body()\n{open(os.path.join(lua, script)).read()}\nend")
+        parts.append(
+            f"redis.register_function('{name}_{f}', function(keys, args) "
+            f"KEYS, ARGV = keys, args; return {f}_body() end)"
+        )
+    return "\n".join(parts) + "\n"
+
+
+def load(admin, lua, i):
+    """How each script is called: ("FCALL", name) or ("EVALSHA", sha)."""
+    found = scripts(lua)
+    if "library" in found:  # its own functions, <name>_start and <name>_finalize
+        name = admin.call("FUNCTION", "LOAD", "REPLACE", found["library"]).decode()
+    elif not os.environ.get("EVALSHA"):
+        name = admin.call("FUNCTION", "LOAD", "REPLACE", library(lua, f"redis_loop_{i}")).decode()
+    else:
+        calls = {}
+        for script, body in found.items():
+            calls[script] = ("EVALSHA", admin.call("SCRIPT", "LOAD", body).decode())
+            assert calls[script][1] == hashlib.sha1(body.encode()).hexdigest()
+        return calls
+    return {"start": ("FCALL", f"{name}_start"), "finalize": ("FCALL", f"{name}_finalize")}
 
 
 def pack(fmt, *xs):
@@ -125,7 +165,7 @@ def worker(port, shas, prefix, sessions, seconds, seed, out):
             # MULTI, then the records of those that fit.
             c.s.sendall(
                 encode("MULTI")
-                + encode("EVALSHA", shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
+                + encode(*shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
                 + encode("ZREVRANGEBYSCORE", keys[2], "(1000000000000", "-inf", "LIMIT", 0, 21)
                 + encode("EXEC")
             )
@@ -136,14 +176,14 @@ def worker(port, shas, prefix, sessions, seconds, seed, out):
             if members:
                 c.call("HMGET", keys[1], *[m[:16] for m in members[:20]])
         else:
-            r = c.call("EVALSHA", shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
+            r = c.call(*shas["start"], 5, *keys, numbers, "", tid, tail, "", "", "", "", walk)
         if r[0] != b"ok":
             raise RuntimeError(f"start_turn: {r[:2]}")
         if os.environ.get("DEFER") and isinstance(r[5], list) and r[5][5]:
             ids = [m[:16] for m in r[5][5][0::4]]
             c.call("HMGET", keys[1], *ids)
         numbers = pack(">ddddddddd", int(time.time() * 1000), SESSION_TTL, A, S, L, MAX_TURNS, 0, 0, 0)
-        r = c.call("EVALSHA", shas["finalize"], 5, *keys, numbers, tid, ANSWER, "o", "")
+        r = c.call(*shas["finalize"], 5, *keys, numbers, tid, ANSWER, "o", "")
         if r[0] != b"ok":
             raise RuntimeError(f"finalize_turn: {r[:2]}")
         done += 1
@@ -165,12 +205,8 @@ def main():
     hz = os.sysconf("SC_CLK_TCK")
     admin = Conn(port)
     loaded = []
-    for d in dirs:
-        shas = {}
-        for name, body in scripts(d).items():
-            shas[name] = admin.call("SCRIPT", "LOAD", body).decode()
-            assert shas[name] == hashlib.sha1(body.encode()).hexdigest()
-        loaded.append((d, shas))
+    for i, d in enumerate(dirs):
+        loaded.append((d, load(admin, d, i)))
     totals = {d: [0, 0.0] for d in dirs}
     for rnd in range(rounds):
         for i, (d, shas) in enumerate(loaded):
@@ -191,9 +227,9 @@ def main():
             stats = admin.call("INFO", "commandstats").decode()
             per = {}
             for line in stats.splitlines():
-                if line.startswith("cmdstat_evalsha:"):
+                if line.startswith(("cmdstat_evalsha:", "cmdstat_fcall:")):
                     kv = dict(x.split("=") for x in line.split(":", 1)[1].split(","))
-                    per["evalsha"] = float(kv["usec_per_call"])
+                    per["call"] = float(kv["usec_per_call"])
             # Each script's µs a call, from a one-second SLOWLOG sample.
             admin.call("SLOWLOG", "RESET")
             admin.call("CONFIG", "SET", "slowlog-max-len", "1000000")
@@ -209,11 +245,11 @@ def main():
             for p in procs:
                 p.join()
             admin.call("CONFIG", "SET", "slowlog-log-slower-than", "10000")
-            names = {v: k for k, v in shas.items()}
+            names = {v[1]: k for k, v in shas.items()}
             calls, usec = {}, {}
             for entry in admin.call("SLOWLOG", "GET", "-1"):
                 args = entry[3]
-                if args[0].lower() == b"evalsha":
+                if args[0].lower() in (b"evalsha", b"fcall"):
                     name = names.get(args[1].decode(), "other")
                     calls[name] = calls.get(name, 0) + 1
                     usec[name] = usec.get(name, 0) + entry[2]
@@ -222,7 +258,7 @@ def main():
             us = cpu_us / max(n, 1)
             totals[d][0] += n
             totals[d][1] += us
-            print(f"{d} round={rnd + 1} questions={n} redis_cpu_us_per_q={us:.1f} evalsha_us_per_call={per.get('evalsha', 0):.1f} start={per.get('start', 0):.1f} finalize={per.get('finalize', 0):.1f}")
+            print(f"{d} round={rnd + 1} questions={n} redis_cpu_us_per_q={us:.1f} us_per_call={per.get('call', 0):.1f} start={per.get('start', 0):.1f} finalize={per.get('finalize', 0):.1f}")
             sys.stdout.flush()
     for d in dirs:
         n, us = totals[d]
