@@ -17,6 +17,7 @@ use crate::store::redis::LayoutError;
 use crate::store::{Limits, MemoryStore, Metered, RedisStore, Store};
 use crate::summarizer::llm::{LlmClient, LlmConfig, words_within};
 use crate::summarizer::{Plan, Summarizer};
+use crate::tokens::Models;
 
 pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -46,6 +47,11 @@ impl Application {
         let templates = Templates::load(settings.templates_dir.as_deref())
             .map_err(|e| format!("cannot load a template: {e}"))?
             .with_caches(&caches);
+        let models = Models::load(settings.models.as_deref(), settings.unknown_model)
+            .map_err(|e| format!("cannot load the model table: {e}"))?;
+        if !models.is_empty() {
+            tracing::info!(entries = models.len(), "model table loaded");
+        }
         if api_keys.is_empty() {
             tracing::warn!(
                 "no API keys configured (TURNSTORE_API_KEYS, TURNSTORE_API_KEYS_FILE): the API is open to anyone who can reach it"
@@ -87,6 +93,7 @@ impl Application {
             &api_keys,
             metrics.clone(),
             templates,
+            models,
             summarizer,
         );
         let router = router(state);

@@ -8,7 +8,7 @@ use axum::http::HeaderValue;
 use clap::{Args, ValueEnum};
 
 use crate::history::template::TURN_CACHE_BYTES;
-use crate::tokens::Encoding;
+use crate::tokens::{Encoding, UnknownModel};
 
 /// `TURNSTORE_LISTEN`'s default, which `healthcheck` shares.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -87,6 +87,20 @@ pub struct Settings {
     /// Default tokenizer; stored turns are counted with it once, when written.
     #[arg(long, env = "TURNSTORE_ENCODING", default_value = "o200k_base", value_parser = parse_encoding)]
     pub encoding: Encoding,
+
+    /// A model table for `model=`: lines `pattern = encoding` (`*` stands
+    /// for any run of characters, case does not matter, the first match
+    /// wins; `#` comments) or a JSON object of pattern to encoding, read
+    /// at start (a broken one stops the start naming its line). Models in
+    /// it win over tiktoken's table of OpenAI models.
+    #[arg(long, env = "TURNSTORE_MODELS")]
+    pub models: Option<PathBuf>,
+
+    /// A `model=` in no table: `default` counts with `TURNSTORE_ENCODING`
+    /// (the response's `encoding` says so), `reject` answers 422
+    /// `unknown_model`.
+    #[arg(long, env = "TURNSTORE_UNKNOWN_MODEL", value_enum, default_value_t = UnknownModel::Default)]
+    pub unknown_model: UnknownModel,
 
     /// Comma-separated bearer keys; unset means no authentication (a warning at start).
     #[arg(

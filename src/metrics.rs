@@ -40,6 +40,12 @@ pub struct ClosedLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// `default` (counted with the default encoding) or `refused`.
+    pub outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// `written`, `conflict` (another writer came first), `locked` (another
     /// instance was at it), `failed`.
@@ -72,6 +78,7 @@ pub struct Metrics {
     pool_waiting: Gauge,
     load_shed: Counter,
     timeouts: Counter,
+    unknown_models: Family<ModelLabels, Counter>,
     connections_open: Gauge,
     connections_closed: Family<ClosedLabels, Counter>,
     summarizer_runs: Family<OutcomeLabels, Counter>,
@@ -169,6 +176,12 @@ impl Metrics {
             "Requests answered 503 request_timeout",
             timeouts.clone(),
         );
+        let unknown_models = Family::<ModelLabels, Counter>::default();
+        registry.register(
+            "unknown_models",
+            "Reads whose model is in no model table: counted with the default encoding, or refused",
+            unknown_models.clone(),
+        );
         let connections_open = Gauge::default();
         registry.register(
             "connections_open",
@@ -232,6 +245,7 @@ impl Metrics {
             pool_waiting,
             load_shed,
             timeouts,
+            unknown_models,
             connections_open,
             connections_closed,
             summarizer_runs,
@@ -304,6 +318,14 @@ impl Metrics {
 
     pub fn request_timed_out(&self) {
         self.timeouts.inc();
+    }
+
+    /// A read named a model in no model table (`refused`: 422 `unknown_model`).
+    pub fn unknown_model(&self, refused: bool) {
+        let outcome = if refused { "refused" } else { "default" };
+        self.unknown_models
+            .get_or_create(&ModelLabels { outcome })
+            .inc();
     }
 
     pub fn observe_request(&self, labels: HttpLabels, seconds: f64) {

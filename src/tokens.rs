@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod counter;
+mod models;
+
+pub use models::{Models, Resolved, UnknownModel};
 
 /// A tiktoken encoding, by its name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]

@@ -248,6 +248,7 @@ fn every_api_operation_documents_its_problems() {
         [
             "idempotency_key_reused",
             "template_error",
+            "unknown_model",
             "validation_failed"
         ]
     );
@@ -258,6 +259,10 @@ fn every_api_operation_documents_its_problems() {
     let history = &spec["paths"]["/v1/sessions/{session_id}/history"]["get"];
     assert_eq!(codes(&spec, history, "406"), ["not_acceptable"]);
     assert_eq!(codes(&spec, history, "404"), ["template_not_found"]);
+    assert_eq!(
+        codes(&spec, history, "422"),
+        ["template_error", "unknown_model", "validation_failed"]
+    );
     assert!(history["responses"]["200"]["content"]["text/plain"].is_object());
 }
 

@@ -48,10 +48,11 @@ pub enum ProblemCode {
     TemplateNotFound,
     TemplateError,
     TooManyExports,
+    UnknownModel,
 }
 
 impl ProblemCode {
-    pub const ALL: [ProblemCode; 21] = [
+    pub const ALL: [ProblemCode; 22] = [
         ProblemCode::ValidationFailed,
         ProblemCode::PayloadTooLarge,
         ProblemCode::Unauthorized,
@@ -73,6 +74,7 @@ impl ProblemCode {
         ProblemCode::TemplateNotFound,
         ProblemCode::TemplateError,
         ProblemCode::TooManyExports,
+        ProblemCode::UnknownModel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +101,7 @@ impl ProblemCode {
             TemplateNotFound => "template_not_found",
             TemplateError => "template_error",
             TooManyExports => "too_many_exports",
+            UnknownModel => "unknown_model",
         }
     }
 
@@ -211,6 +214,11 @@ impl ProblemCode {
                 "Too many exports",
                 "this instance streams as many exports as allowed (TURNSTORE_MAX_EXPORTS); retry after Retry-After seconds",
             ),
+            UnknownModel => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Unknown model",
+                "the model is in no model table and this server refuses such models (TURNSTORE_UNKNOWN_MODEL=reject): send `encoding`, or add the model to the file TURNSTORE_MODELS names; nothing was written",
+            ),
         }
     }
 
@@ -241,6 +249,8 @@ pub enum ApiError {
     SessionReplaced,
     /// 422 `template_error`, saying where and why.
     Template(String),
+    /// 422 `unknown_model`, naming the model.
+    UnknownModel(String),
     /// Any other problem, with its code's own detail.
     Code(ProblemCode),
 }
@@ -292,6 +302,7 @@ impl ApiError {
                 ProblemCode::SummaryConflict
             }
             ApiError::Template(_) => ProblemCode::TemplateError,
+            ApiError::UnknownModel(_) => ProblemCode::UnknownModel,
             ApiError::Code(code) => *code,
         }
     }
@@ -310,6 +321,13 @@ impl ApiError {
             ),
             ApiError::PayloadTooLarge(detail) | ApiError::StoreUnready(detail) => (detail, None),
             ApiError::Template(detail) => (detail, None),
+            ApiError::UnknownModel(model) => (
+                format!(
+                    "model `{model}` is in no model table: send `encoding`, or add a line \
+                     `{model} = <encoding>` to the file TURNSTORE_MODELS names; nothing was written"
+                ),
+                None,
+            ),
             ApiError::StoreUnavailable(detail) => (detail.to_owned(), None),
             ApiError::SummaryConflict { stored } => (
                 format!(

@@ -15,11 +15,10 @@ use super::sessions::SessionPath;
 use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::template::Templates;
 use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy};
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
-use crate::tokens::Encoding;
+use crate::tokens::{Encoding, Resolved};
 use crate::turn::{TurnView, now_millis, rfc3339};
 
 pub const MAX_LIMIT: u32 = 10_000;
@@ -47,8 +46,11 @@ pub struct HistoryParams {
     /// One representation per response: `text` (`rendered`), `messages`
     /// (chat messages) or `turns` (Turn objects, budgeted as `text`).
     pub format: Option<Format>,
-    /// A model name (`gpt-4o`): counts with its encoding; an unknown model
-    /// falls back to the default encoding (reported in `encoding`).
+    /// A model name (`gpt-4o`): counts with its encoding, from the
+    /// server's model table (`TURNSTORE_MODELS`) or tiktoken's table of
+    /// OpenAI models. A model in neither counts with the default encoding
+    /// (reported in `encoding`), or is refused with 422 `unknown_model`
+    /// where the server says so (`TURNSTORE_UNKNOWN_MODEL=reject`).
     /// `encoding` wins when both are given.
     #[schema(max_length = 128, example = "gpt-4o")]
     #[param(max_length = 128, example = "gpt-4o")]
@@ -141,10 +143,8 @@ impl HistoryParams {
             ),
         )
             .collect()?;
-        let encoding = self
-            .encoding
-            .or_else(|| self.model.as_deref().and_then(Encoding::for_model))
-            .unwrap_or(settings.encoding);
+        // A model's encoding comes with the names (`named`).
+        let encoding = self.encoding.unwrap_or(settings.encoding);
         Ok(Options {
             limit: limit as usize,
             max_tokens,
@@ -162,16 +162,24 @@ impl HistoryParams {
         })
     }
 
-    /// The options `resolve` made, with the template they name: 404
-    /// `template_not_found` when the server has none of that name.
-    pub fn with_template(
-        &self,
-        mut options: Options,
-        templates: &Templates,
-    ) -> Result<Options, ApiError> {
+    /// The options `resolve` made, with what they name: the template (404
+    /// `template_not_found` when the server has none of that name) and the
+    /// model's encoding (see `tokens::Models`: 422 `unknown_model` when
+    /// the server refuses a model it does not know).
+    pub fn named(&self, mut options: Options, app: &AppState) -> Result<Options, ApiError> {
+        if let (None, Some(model)) = (self.encoding, &self.model) {
+            match app.models.resolve(model) {
+                Resolved::Known(encoding) => options.encoding = encoding,
+                Resolved::Unknown => app.metrics.unknown_model(false),
+                Resolved::Refused => {
+                    app.metrics.unknown_model(true);
+                    return Err(ApiError::UnknownModel(model.clone()));
+                }
+            }
+        }
         if let Some(name) = &self.template {
             options.template = Some(
-                templates
+                app.templates
                     .get(name)
                     .cloned()
                     .ok_or(ProblemCode::TemplateNotFound)?,
@@ -470,7 +478,7 @@ impl HistoryRead {
             ),
         )
             .all()?;
-        let options = params.with_template(options, &app.templates)?;
+        let options = params.named(options, app)?;
         Ok(HistoryRead { session, options })
     }
 }

@@ -42,6 +42,7 @@ use crate::history::template::Templates;
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::Store;
 use crate::summarizer::Summarizer;
+use crate::tokens::Models;
 
 /// What every handler can reach: one reference-counted value, so that
 /// each middleware and handler clones one pointer, not each part (the
@@ -63,6 +64,8 @@ pub struct Shared {
     exports: Arc<Semaphore>,
     /// The built-in templates and the operator's, loaded at start.
     pub templates: Arc<Templates>,
+    /// Which encoding counts for a model (`TURNSTORE_MODELS`).
+    pub models: Arc<Models>,
     /// The server-side summarizer, when configured.
     pub summarizer: Option<Arc<Summarizer>>,
 }
@@ -82,6 +85,7 @@ impl AppState {
         api_keys: &[String],
         metrics: Arc<Metrics>,
         templates: Templates,
+        models: Models,
         summarizer: Option<Arc<Summarizer>>,
     ) -> Self {
         let api_key_digests = api_keys.iter().map(|k| digest(k.as_bytes())).collect();
@@ -93,6 +97,7 @@ impl AppState {
             metrics,
             api_key_digests,
             templates: Arc::new(templates),
+            models: Arc::new(models),
             summarizer,
         }))
     }

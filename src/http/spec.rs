@@ -134,6 +134,7 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
             ProblemCode::TooManyPendingTurns,
             ProblemCode::TemplateNotFound,
             ProblemCode::TemplateError,
+            ProblemCode::UnknownModel,
         ],
     ),
     (
@@ -151,6 +152,7 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
             ProblemCode::NotAcceptable,
             ProblemCode::TemplateNotFound,
             ProblemCode::TemplateError,
+            ProblemCode::UnknownModel,
         ],
     ),
     ("get_session", &[ProblemCode::SessionNotFound]),

@@ -17,7 +17,6 @@ use super::valid::{AllValid, Valid, field, given_user_id, optional, rule};
 use crate::config::Settings;
 use crate::domain::{FinalAnswer, IdempotencyKey, SessionId, TextError, TurnId, UserId, UserQuery};
 use crate::history::Options;
-use crate::history::template::Templates;
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{Finalized, StartTurn, Store, StoreError, StoredHistory};
 use crate::tokens::{AnswerTokens, QueryTokens};
@@ -173,9 +172,9 @@ impl Start {
     fn parse(
         body: StartTurnRequest,
         headers: &HeaderMap,
-        settings: &Settings,
-        templates: &Templates,
+        app: &AppState,
     ) -> Result<Self, ApiError> {
+        let settings = &app.settings;
         let body = StartTurnRequest {
             user_id: given_user_id(body.user_id),
             ..body
@@ -216,7 +215,7 @@ impl Start {
         )
             .all()?;
         let history = match (history, &body.history) {
-            (Some(options), Some(params)) => Some(params.with_template(options, templates)?),
+            (Some(options), Some(params)) => Some(params.named(options, app)?),
             _ => None,
         };
         Ok(Start {
@@ -258,7 +257,7 @@ pub async fn start_turn(
     _: NoQuery,
     JsonBody(body): JsonBody<StartTurnRequest>,
 ) -> Result<Response, ApiError> {
-    let start = Start::parse(body, &headers, &app.settings, &app.templates)?;
+    let start = Start::parse(body, &headers, &app)?;
     if let Some(read) = &start.history {
         read.encoding.ready().await;
     }

@@ -50,6 +50,7 @@ mod cors;
 mod edge;
 mod imports;
 mod model;
+mod model_table;
 mod outages;
 mod pending;
 mod reads;

@@ -123,3 +123,36 @@ fn a_template_cache_size_out_of_range_stops_the_start() {
         assert!(stderr.contains("template-cache-mb"), "{size}: {stderr}");
     }
 }
+
+/// A model table that names an encoding the server lacks stops the start,
+/// naming the file, the line and the encodings it has; so does a setting
+/// for unknown models that is neither `default` nor `reject`.
+#[test]
+fn a_broken_model_table_stops_the_start_naming_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("models.txt");
+    std::fs::write(
+        &path,
+        "# open models\nllama-3* = cl100k_base\nqwen* = qwen2\n",
+    )
+    .unwrap();
+    let serve = |env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_turnstore"));
+        cmd.arg("serve")
+            .env("TURNSTORE_LISTEN", format!("127.0.0.1:{}", free_port()));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+
+    let stderr = serve(&[("TURNSTORE_MODELS", path.to_str().unwrap())]);
+    let at = format!("{}: line 3: unknown encoding `qwen2`", path.display());
+    assert!(stderr.contains(&at), "{stderr}");
+    assert!(stderr.contains("cl100k_base"), "{stderr}");
+
+    let stderr = serve(&[("TURNSTORE_UNKNOWN_MODEL", "fallback")]);
+    assert!(stderr.contains("unknown-model"), "{stderr}");
+}

@@ -419,8 +419,11 @@ export interface components {
             /** @description Default: `text`. */
             format?: components["schemas"]["HistoryFormat"] | null;
             /**
-             * @description A model name (`gpt-4o`): counts with its encoding; an unknown model
-             *     falls back to the default encoding (reported in `encoding`).
+             * @description A model name (`gpt-4o`): counts with its encoding, from the
+             *     server's model table (`TURNSTORE_MODELS`) or tiktoken's table of
+             *     OpenAI models. A model in neither counts with the default encoding
+             *     (reported in `encoding`), or is refused with 422 `unknown_model`
+             *     where the server says so (`TURNSTORE_UNKNOWN_MODEL=reject`).
              *     `encoding` wins when both are given.
              * @example gpt-4o
              */
@@ -670,7 +673,7 @@ export interface components {
          *     (one place: the responses and the OpenAPI document both read them here).
          * @enum {string}
          */
-        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error" | "too_many_exports";
+        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error" | "too_many_exports" | "unknown_model";
         /**
          * @description Writes the session's summary.
          * @example {
@@ -1152,8 +1155,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `validation_failed`: a field is invalid; `errors` names each one. `idempotency_key_reused`: this Idempotency-Key was used with a different request body. `template_error`: the template failed while rendering this history. */
-        ValidationFailedOrIdempotencyKeyReusedOrTemplateError: {
+        /** @description `validation_failed`: a field is invalid; `errors` names each one. `idempotency_key_reused`: this Idempotency-Key was used with a different request body. `template_error`: the template failed while rendering this history. `unknown_model`: the model is in no model table and this server refuses such models (TURNSTORE_UNKNOWN_MODEL=reject): send `encoding`, or add the model to the file TURNSTORE_MODELS names; nothing was written. */
+        ValidationFailedOrIdempotencyKeyReusedOrTemplateErrorOrUnknownModel: {
             headers: {
                 [name: string]: unknown;
             };
@@ -1161,8 +1164,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
-        /** @description `validation_failed`: a field is invalid; `errors` names each one. `template_error`: the template failed while rendering this history. */
-        ValidationFailedOrTemplateError: {
+        /** @description `validation_failed`: a field is invalid; `errors` names each one. `template_error`: the template failed while rendering this history. `unknown_model`: the model is in no model table and this server refuses such models (TURNSTORE_UNKNOWN_MODEL=reject): send `encoding`, or add the model to the file TURNSTORE_MODELS names; nothing was written. */
+        ValidationFailedOrTemplateErrorOrUnknownModel: {
             headers: {
                 [name: string]: unknown;
             };
@@ -1218,7 +1221,7 @@ export interface operations {
             403: components["responses"]["SessionOwnerMismatch"];
             404: components["responses"]["TemplateNotFound"];
             413: components["responses"]["PayloadTooLarge"];
-            422: components["responses"]["ValidationFailedOrIdempotencyKeyReusedOrTemplateError"];
+            422: components["responses"]["ValidationFailedOrIdempotencyKeyReusedOrTemplateErrorOrUnknownModel"];
             429: components["responses"]["TooManyPendingTurns"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
@@ -1302,8 +1305,11 @@ export interface operations {
                  */
                 format?: components["schemas"]["HistoryFormat"];
                 /**
-                 * @description A model name (`gpt-4o`): counts with its encoding; an unknown model
-                 *     falls back to the default encoding (reported in `encoding`).
+                 * @description A model name (`gpt-4o`): counts with its encoding, from the
+                 *     server's model table (`TURNSTORE_MODELS`) or tiktoken's table of
+                 *     OpenAI models. A model in neither counts with the default encoding
+                 *     (reported in `encoding`), or is refused with 422 `unknown_model`
+                 *     where the server says so (`TURNSTORE_UNKNOWN_MODEL=reject`).
                  *     `encoding` wins when both are given.
                  * @example gpt-4o
                  */
@@ -1378,7 +1384,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["TemplateNotFound"];
             406: components["responses"]["NotAcceptable"];
-            422: components["responses"]["ValidationFailedOrTemplateError"];
+            422: components["responses"]["ValidationFailedOrTemplateErrorOrUnknownModel"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
         };

@@ -145,8 +145,11 @@ class PayloadTooLargeError(TurnstoreError):
 class ValidationError(TurnstoreError):
     """422: ``validation_failed`` (see ``errors`` for the fields),
     ``idempotency_key_reused`` (one Idempotency-Key with two different
-    bodies), or ``template_error`` (a history's template failed while
-    rendering; ``detail`` names its line)."""
+    bodies), ``template_error`` (a history's template failed while
+    rendering; ``detail`` names its line), or ``unknown_model`` (a
+    history's ``model`` is in no model table of a server that refuses
+    such models: send ``encoding``, or have the operator add the model to
+    ``TURNSTORE_MODELS``)."""
 
 
 class TooManyRequestsError(TurnstoreError):

@@ -81,8 +81,11 @@ class HistoryOptions:
         limit: at most this many most recent finalized turns (0..=10000).
         max_tokens: the rendering fits in this many tokens (0..=10000000).
         format: ``text``, ``messages`` or ``turns``.
-        model: count tokens with this model's encoding (``gpt-4o``); an
-            unknown model falls back to the server's default encoding.
+        model: count tokens with this model's encoding (``gpt-4o``, or a
+            model in the server's ``TURNSTORE_MODELS`` table); an unknown
+            model counts with the server's default encoding (the response's
+            ``encoding`` says which), or raises :class:`ValidationError`
+            (``unknown_model``) where the server refuses unknown models.
         encoding: the tokenizer (``o200k_base``, ``cl100k_base``, ...);
             wins over ``model``.
         max_query_chars: cut each question to this many characters first.
