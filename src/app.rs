@@ -17,7 +17,7 @@ use crate::store::redis::LayoutError;
 use crate::store::{Limits, MemoryStore, Metered, RedisStore, Store};
 use crate::summarizer::llm::{LlmClient, LlmConfig, words_within};
 use crate::summarizer::{Plan, Summarizer};
-use crate::tokens::Models;
+use crate::tokens::{Models, Tokenizers};
 
 pub type BuildError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -47,8 +47,14 @@ impl Application {
         let templates = Templates::load(settings.templates_dir.as_deref())
             .map_err(|e| format!("cannot load a template: {e}"))?
             .with_caches(&caches);
-        let models = Models::load(settings.models.as_deref(), settings.unknown_model)
-            .map_err(|e| format!("cannot load the model table: {e}"))?;
+        let tokenizers = Tokenizers::load(settings.tokenizers_dir.as_deref())
+            .map_err(|e| format!("cannot load a tokenizer: {e}"))?;
+        let models = Models::load(
+            settings.models.as_deref(),
+            settings.unknown_model,
+            &tokenizers,
+        )
+        .map_err(|e| format!("cannot load the model table: {e}"))?;
         if !models.is_empty() {
             tracing::info!(entries = models.len(), "model table loaded");
         }
@@ -59,6 +65,7 @@ impl Application {
         }
         let mut metrics = Metrics::new();
         metrics.watch_template_caches(caches);
+        metrics.report_tokenizers(&tokenizers);
         let metrics = Arc::new(metrics);
         let store = Arc::new(Metered::new(
             build_store(&settings, &metrics).await?,
@@ -93,7 +100,7 @@ impl Application {
             &api_keys,
             metrics.clone(),
             templates,
-            models,
+            (models, tokenizers),
             summarizer,
         );
         let router = router(state);

@@ -88,6 +88,13 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_ENCODING", default_value = "o200k_base", value_parser = parse_encoding)]
     pub encoding: Encoding,
 
+    /// A directory of Hugging Face tokenizers, loaded at start (a broken
+    /// one stops the start naming its file): `NAME.json`, or
+    /// `NAME/tokenizer.json` with its `tokenizer_config.json`. Reads name
+    /// them with `encoding=NAME`, or through `TURNSTORE_MODELS`.
+    #[arg(long, env = "TURNSTORE_TOKENIZERS_DIR")]
+    pub tokenizers_dir: Option<PathBuf>,
+
     /// A model table for `model=`: lines `pattern = encoding` (`*` stands
     /// for any run of characters, case does not matter, the first match
     /// wins; `#` comments) or a JSON object of pattern to encoding, read

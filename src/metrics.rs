@@ -40,6 +40,11 @@ pub struct ClosedLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenizerLabels {
+    pub tokenizer: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabels {
     /// `default` (counted with the default encoding) or `refused`.
     pub outcome: &'static str,
@@ -297,6 +302,26 @@ impl Metrics {
                 .get_or_create(&StoreErrorLabels { op, kind })
                 .inc();
         }
+    }
+
+    /// What each loaded tokenizer took of the process's memory at start.
+    pub fn report_tokenizers(&mut self, tokenizers: &crate::tokens::Tokenizers) {
+        if tokenizers.is_empty() {
+            return;
+        }
+        let memory = Family::<TokenizerLabels, Gauge>::default();
+        for t in tokenizers.all() {
+            memory
+                .get_or_create(&TokenizerLabels {
+                    tokenizer: t.name().to_owned(),
+                })
+                .set(i64::try_from(t.memory()).unwrap_or(i64::MAX));
+        }
+        self.registry.register(
+            "tokenizer_memory_bytes",
+            "Resident memory each loaded tokenizer (TURNSTORE_TOKENIZERS_DIR) took at start",
+            memory,
+        );
     }
 
     /// Reports `caches` at each scrape: the cache of rendered turns' hits,

@@ -22,11 +22,15 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod counter;
+mod loaded;
 mod models;
 
+pub use loaded::{Counting, LoadedTokenizer, Tokenizers};
 pub use models::{Models, Resolved, UnknownModel};
 
-/// A tiktoken encoding, by its name.
+/// An encoding, by its name: tiktoken's, built in; on a server with
+/// `TURNSTORE_TOKENIZERS_DIR`, also the tokenizers it loaded (its
+/// document lists them).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 pub enum Encoding {
     #[default]

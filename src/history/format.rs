@@ -63,13 +63,18 @@ impl Rendering {
     /// `summary` is the one a `turns` rendering returns beside its turns
     /// (counted as `text` renders it); the others hold theirs.
     pub fn count(&self, encoding: Encoding, summary: Option<&str>) -> u32 {
+        self.count_with(|text| encoding.count(text), summary)
+    }
+
+    /// [`Rendering::count`] with any tokenizer's count of a text.
+    pub fn count_with(&self, count: impl Fn(&str) -> u32, summary: Option<&str>) -> u32 {
         match self {
-            Rendering::Text(text) => encoding.count(text),
+            Rendering::Text(text) => count(text),
             Rendering::Messages(messages) => messages
                 .iter()
-                .map(|m| encoding.count(&m.content) + MESSAGE_OVERHEAD)
-                .sum(),
-            Rendering::Turns(turns) => encoding.count(&render_text_with(summary, turns)),
+                .map(|m| count(&m.content).saturating_add(MESSAGE_OVERHEAD))
+                .fold(0, u32::saturating_add),
+            Rendering::Turns(turns) => count(&render_text_with(summary, turns)),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! they sum live in `tokens`.
 
 mod candidate;
+pub mod exact;
 mod format;
 mod pick;
 mod render;

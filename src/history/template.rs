@@ -386,4 +386,4 @@ fn is_template_name(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

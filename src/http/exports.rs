@@ -30,6 +30,7 @@ use super::users::UserPath;
 use super::valid::AllValid;
 use crate::domain::{SessionId, UserId};
 use crate::store::{Store, StoreError};
+use crate::tokens::Counting;
 use crate::turn::{now_millis, rfc3339};
 
 /// Sessions listed a call.
@@ -198,7 +199,7 @@ async fn write_session(
     let summary = store
         .summary(session)
         .await?
-        .map(|s| Summary::of(&s, encoding));
+        .map(|s| Summary::of(&s, &Counting::Builtin(encoding)));
     let head = ExportedSession {
         session_id: session.to_string(),
         created_at: rfc3339(info.created_at),

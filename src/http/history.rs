@@ -1,5 +1,7 @@
 //! get_history, and the history options and response a start shares.
 
+use std::borrow::Cow;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
@@ -15,10 +17,12 @@ use super::sessions::SessionPath;
 use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy};
+use crate::history::{
+    Format, Message, Options, Rendering, SelectedTurn, Selection, StoppedBy, exact,
+};
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
-use crate::tokens::{Encoding, Resolved};
+use crate::tokens::{Counting, Encoding, Resolved};
 use crate::turn::{TurnView, now_millis, rfc3339};
 
 pub const MAX_LIMIT: u32 = 10_000;
@@ -55,8 +59,12 @@ pub struct HistoryParams {
     #[schema(max_length = 128, example = "gpt-4o")]
     #[param(max_length = 128, example = "gpt-4o")]
     pub model: Option<String>,
-    /// The tokenizer to count with.
-    pub encoding: Option<Encoding>,
+    /// The tokenizer to count with: a built-in encoding, or a tokenizer
+    /// the server loaded (`TURNSTORE_TOKENIZERS_DIR`; this server's
+    /// document lists them). Unknown: 422 `validation_failed`.
+    #[schema(value_type = Option<Encoding>)]
+    #[param(value_type = Option<Encoding>)]
+    pub encoding: Option<String>,
     /// Truncate each question to this many characters (Unicode scalar
     /// values) before budgeting; a cut content ends with ` [truncated]`.
     #[schema(minimum = 1)]
@@ -143,8 +151,8 @@ impl HistoryParams {
             ),
         )
             .collect()?;
-        // A model's encoding comes with the names (`named`).
-        let encoding = self.encoding.unwrap_or(settings.encoding);
+        // What counts, when named, comes with the names (`named`).
+        let encoding = settings.encoding;
         Ok(Options {
             limit: limit as usize,
             max_tokens,
@@ -163,13 +171,25 @@ impl HistoryParams {
     }
 
     /// The options `resolve` made, with what they name: the template (404
-    /// `template_not_found` when the server has none of that name) and the
-    /// model's encoding (see `tokens::Models`: 422 `unknown_model` when
-    /// the server refuses a model it does not know).
-    pub fn named(&self, mut options: Options, app: &AppState) -> Result<Options, ApiError> {
-        if let (None, Some(model)) = (self.encoding, &self.model) {
+    /// `template_not_found` when the server has none of that name), the
+    /// encoding (a built-in one or a loaded tokenizer) or the model's (see
+    /// `tokens::Models`: 422 `unknown_model` when the server refuses a
+    /// model it does not know). Invalid fields are named after `at`.
+    pub fn named(
+        &self,
+        mut options: Options,
+        app: &AppState,
+        at: &str,
+    ) -> Result<Reading, ApiError> {
+        let mut counting = Counting::Builtin(options.encoding);
+        if let Some(name) = &self.encoding {
+            counting = app
+                .tokenizers
+                .counting(name)
+                .map_err(|e| ApiError::field(format!("{at}encoding"), e))?;
+        } else if let Some(model) = &self.model {
             match app.models.resolve(model) {
-                Resolved::Known(encoding) => options.encoding = encoding,
+                Resolved::Known(known) => counting = known,
                 Resolved::Unknown => app.metrics.unknown_model(false),
                 Resolved::Refused => {
                     app.metrics.unknown_model(true);
@@ -178,6 +198,12 @@ impl HistoryParams {
             }
         }
         if let Some(name) = &self.template {
+            if matches!(counting, Counting::Loaded(_)) {
+                return Err(ApiError::field(
+                    format!("{at}template"),
+                    "a template does not count in a loaded tokenizer yet: read with format text, messages or turns",
+                ));
+            }
             options.template = Some(
                 app.templates
                     .get(name)
@@ -185,7 +211,130 @@ impl HistoryParams {
                     .ok_or(ProblemCode::TemplateNotFound)?,
             );
         }
-        Ok(options)
+        Ok(Reading::new(options, counting))
+    }
+}
+
+/// A read's options, and what counts it. A loaded tokenizer's counts of
+/// parts need not add up (see `history::exact`): the store then selects
+/// without the token bound, in the default encoding, bounded by `limit`
+/// and by the bytes `max_tokens` of its tokens can hold, and the
+/// selection is cut back here on counts of whole renderings.
+#[derive(Debug, Clone)]
+pub struct Reading {
+    /// What the store is asked.
+    pub options: Options,
+    pub counting: Counting,
+    /// The read's own `max_tokens` and `max_bytes`, for a loaded tokenizer.
+    bounds: Option<(u32, u64)>,
+}
+
+impl Reading {
+    fn new(mut options: Options, counting: Counting) -> Self {
+        let bounds = match &counting {
+            Counting::Builtin(encoding) => {
+                options.encoding = *encoding;
+                None
+            }
+            Counting::Loaded(tokenizer) => {
+                let bounds = (options.max_tokens, options.max_bytes);
+                options.max_bytes = options
+                    .max_bytes
+                    .min(tokenizer.bytes_within(options.max_tokens));
+                options.max_tokens = u32::MAX;
+                Some(bounds)
+            }
+        };
+        Reading {
+            options,
+            counting,
+            bounds,
+        }
+    }
+
+    /// Whether the store's counts are the read's (its encoding is built in).
+    pub fn counts_in_store(&self) -> bool {
+        self.bounds.is_none()
+    }
+
+    /// [`Reading::cut`] on the blocking pool: counts of whole renderings
+    /// take time (a count a bisection step).
+    pub async fn cut_apart(&self, mut stored: StoredHistory) -> Result<StoredHistory, ApiError> {
+        if self.counts_in_store() {
+            return Ok(stored);
+        }
+        let reading = self.clone();
+        tokio::task::spawn_blocking(move || {
+            reading.cut(&mut stored);
+            stored
+        })
+        .await
+        .map_err(|_| ApiError::INTERNAL)
+    }
+
+    /// The store's selection, cut back to the read's `max_tokens` when a
+    /// loaded tokenizer counts it; what it leaves out is unsummarized
+    /// (and the tokens of the unsummarized turns unknown).
+    fn cut(&self, stored: &mut StoredHistory) {
+        let (Counting::Loaded(tokenizer), Some((max_tokens, max_bytes))) =
+            (&self.counting, self.bounds)
+        else {
+            return;
+        };
+        let selection = std::mem::take(&mut stored.selection);
+        let summary = stored
+            .summary
+            .as_ref()
+            .filter(|_| selection.summary)
+            .map(|s| s.text.clone());
+        let cut = exact::cut(
+            exact::Uncut {
+                summary: summary.as_deref(),
+                turns: selection.turns,
+                reserved_first: self.options.keep_first,
+            },
+            self.options.format,
+            max_tokens,
+            |text| tokenizer.count(text),
+        );
+        let trimmed = !cut.dropped.is_empty() || (summary.is_some() && !cut.summary);
+        // The store stopped at the bytes `max_tokens` tokens can hold: the
+        // turn it stopped at does not fit in tokens either.
+        let ours = self.options.max_bytes < max_bytes;
+        let stopped_by = match selection.stopped_by {
+            _ if trimmed => Some(StoppedBy::MaxTokens),
+            Some(StoppedBy::MaxBytes) if ours => Some(StoppedBy::MaxTokens),
+            other => other,
+        };
+        let dropped_bytes: u64 = cut
+            .dropped
+            .iter()
+            .map(|t| (t.turn.user_query.len() + t.turn.final_answer.len()) as u64)
+            .sum();
+        if let (Some(oldest), Some(newest)) = (cut.dropped.first(), cut.dropped.last()) {
+            let (from, to) = (oldest.turn.seq, newest.turn.seq);
+            let u = stored.unsummarized.get_or_insert(Unsummarized {
+                after_seq: from.saturating_sub(1),
+                through_seq: to,
+                turns: 0,
+                tokens: None,
+            });
+            u.turns += cut.dropped.len() as u64;
+            u.through_seq = u.through_seq.max(to);
+        }
+        if let Some(u) = stored.unsummarized.as_mut() {
+            u.tokens = None;
+        }
+        if !cut.summary {
+            stored.summary = None;
+        }
+        stored.selection = Selection {
+            summary: cut.summary,
+            turns: cut.turns,
+            token_count: cut.token_count,
+            bytes: selection.bytes.saturating_sub(dropped_bytes),
+            stopped_by,
+        };
     }
 }
 
@@ -281,15 +430,14 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// As counted in `encoding` (the stored count when it is in that one).
-    pub fn of(s: &StoredSummary, encoding: Encoding) -> Self {
+    /// As counted by `counting` (the stored count when it is in that one).
+    pub fn of(s: &StoredSummary, counting: &Counting) -> Self {
         Summary {
             summary: s.text.clone(),
             through_seq: s.through_seq,
-            token_count: if s.tokens.encoding == encoding {
-                s.tokens.text
-            } else {
-                encoding.count(&s.text)
+            token_count: match counting {
+                Counting::Builtin(e) if *e == s.tokens.encoding => s.tokens.text,
+                other => other.count(&s.text),
             },
             updated_at: rfc3339(s.updated_at),
         }
@@ -352,8 +500,10 @@ pub struct HistoryResponse {
     #[schema(value_type = Option<UserId>, required = true)]
     pub user_id: Option<String>,
     pub format: Format,
-    /// The encoding `token_count` is counted in.
-    pub encoding: Encoding,
+    /// The encoding `token_count` is counted in (a built-in one, or a
+    /// tokenizer the server loaded).
+    #[schema(value_type = Encoding)]
+    pub encoding: Cow<'static, str>,
     /// Exact count of what is returned; never more than `max_tokens`.
     pub token_count: u32,
     /// Finalized turns the session holds (in the `after_seq`/`through_seq`
@@ -399,14 +549,15 @@ pub struct HistoryResponse {
 }
 
 impl HistoryResponse {
-    pub fn build(session_id: &str, stored: StoredHistory, opts: &Options) -> Self {
+    pub fn build(session_id: &str, stored: StoredHistory, reading: &Reading) -> Self {
+        let opts = &reading.options;
         let selection = stored.selection;
         let included_turns = selection.turns.len() as u64;
         let mut out = HistoryResponse {
             session_id: session_id.to_owned(),
             user_id: stored.user_id,
             format: opts.format,
-            encoding: opts.encoding,
+            encoding: reading.counting.name(),
             token_count: selection.token_count,
             total_turns: stored.total_turns,
             included_turns,
@@ -434,7 +585,7 @@ impl HistoryResponse {
                 out.summary = stored
                     .summary
                     .as_ref()
-                    .map(|s| Summary::of(s, opts.encoding));
+                    .map(|s| Summary::of(s, &reading.counting));
             }
         }
         out
@@ -449,7 +600,9 @@ impl HistoryResponse {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         h.insert("x-token-count", HeaderValue::from(self.token_count));
-        h.insert("x-encoding", HeaderValue::from_static(self.encoding.name()));
+        if let Ok(encoding) = HeaderValue::from_str(&self.encoding) {
+            h.insert("x-encoding", encoding);
+        }
         res
     }
 }
@@ -457,7 +610,7 @@ impl HistoryResponse {
 /// A get_history request, validated.
 struct HistoryRead {
     session: SessionId,
-    options: Options,
+    reading: Reading,
 }
 
 impl HistoryRead {
@@ -478,8 +631,8 @@ impl HistoryRead {
             ),
         )
             .all()?;
-        let options = params.named(options, app)?;
-        Ok(HistoryRead { session, options })
+        let reading = params.named(options, app, "")?;
+        Ok(HistoryRead { session, reading })
     }
 }
 
@@ -513,13 +666,18 @@ pub async fn get_history(
     body: Body,
 ) -> Result<Response, ApiError> {
     let read = HistoryRead::parse(&path, &params, body, &app)?;
-    read.options.encoding.ready().await;
+    let reading = &read.reading;
+    reading.options.encoding.ready().await;
     let mut stored = app
         .store
-        .history(&read.session, &read.options, now_millis())
+        .history(&read.session, &reading.options, now_millis())
         .await?;
-    unsummarized_tokens(&*app.store, &read.session, &mut stored, &read.options).await?;
-    let out = HistoryResponse::build(read.session.as_str(), stored, &read.options);
+    if reading.counts_in_store() {
+        unsummarized_tokens(&*app.store, &read.session, &mut stored, &reading.options).await?;
+    } else {
+        stored = reading.cut_apart(stored).await?;
+    }
+    let out = HistoryResponse::build(read.session.as_str(), stored, reading);
     Ok(match body {
         Body::Json => Json(out).into_response(),
         Body::PlainText => out.into_plain_text(),

@@ -42,7 +42,7 @@ use crate::history::template::Templates;
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::Store;
 use crate::summarizer::Summarizer;
-use crate::tokens::Models;
+use crate::tokens::{Models, Tokenizers};
 
 /// What every handler can reach: one reference-counted value, so that
 /// each middleware and handler clones one pointer, not each part (the
@@ -66,6 +66,8 @@ pub struct Shared {
     pub templates: Arc<Templates>,
     /// Which encoding counts for a model (`TURNSTORE_MODELS`).
     pub models: Arc<Models>,
+    /// The tokenizers loaded from `TURNSTORE_TOKENIZERS_DIR`.
+    pub tokenizers: Arc<Tokenizers>,
     /// The server-side summarizer, when configured.
     pub summarizer: Option<Arc<Summarizer>>,
 }
@@ -85,7 +87,7 @@ impl AppState {
         api_keys: &[String],
         metrics: Arc<Metrics>,
         templates: Templates,
-        models: Models,
+        (models, tokenizers): (Models, Tokenizers),
         summarizer: Option<Arc<Summarizer>>,
     ) -> Self {
         let api_key_digests = api_keys.iter().map(|k| digest(k.as_bytes())).collect();
@@ -98,6 +100,7 @@ impl AppState {
             api_key_digests,
             templates: Arc::new(templates),
             models: Arc::new(models),
+            tokenizers: Arc::new(tokenizers),
             summarizer,
         }))
     }
@@ -162,9 +165,9 @@ pub fn router(state: AppState) -> Router {
         .merge(ops)
         // Prometheus' text, for scrapers: not in the OpenAPI document.
         .route("/metrics", axum::routing::get(ops::metrics))
-        .merge(docs::router(&openapi(
-            &state.settings,
-            !state.api_key_digests.is_empty(),
+        .merge(docs::router(&spec::with_tokenizers(
+            openapi(&state.settings, !state.api_key_digests.is_empty()),
+            state.tokenizers.names(),
         )))
         .fallback(|| async { ApiError::from(ProblemCode::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::from(ProblemCode::MethodNotAllowed) })

@@ -204,6 +204,15 @@ pub fn document(
     (doc, missed)
 }
 
+/// `doc` with the names of the tokenizers this server loaded among the
+/// encodings it takes (and reports).
+pub fn with_tokenizers<'a>(mut doc: Value, names: impl Iterator<Item = &'a str>) -> Value {
+    if let Some(Value::Array(known)) = doc.pointer_mut("/components/schemas/Encoding/enum") {
+        known.extend(names.map(|n| Value::String(n.to_owned())));
+    }
+    doc
+}
+
 /// What the `/v1` operations require: the bearer key when this server has
 /// keys (`[{"bearer": []}]`), nothing otherwise (no `security`), as the
 /// server enforces it. Not `[{}, {"bearer": []}]` ("optional") for both:

@@ -16,7 +16,7 @@ use super::valid::{AllValid, field, given_user_id, optional, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, SummaryText, TextError, UserId};
 use crate::store::SummaryWrite;
-use crate::tokens::SummaryTokens;
+use crate::tokens::{Counting, SummaryTokens};
 use crate::turn::now_millis;
 
 /// Writes the session's summary.
@@ -146,7 +146,7 @@ pub async fn put_summary(
             now: now_millis(),
         })
         .await?;
-    Ok(Json(Summary::of(&stored, encoding)))
+    Ok(Json(Summary::of(&stored, &Counting::Builtin(encoding))))
 }
 
 /// Get the summary
@@ -171,7 +171,10 @@ pub async fn get_summary(
         .summary(&session)
         .await?
         .ok_or(ProblemCode::SummaryNotFound)?;
-    Ok(Json(Summary::of(&stored, app.settings.encoding)))
+    Ok(Json(Summary::of(
+        &stored,
+        &Counting::Builtin(app.settings.encoding),
+    )))
 }
 
 /// Delete the summary

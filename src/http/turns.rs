@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::AppState;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{JsonBody, NoQuery};
-use super::history::{HistoryParams, HistoryResponse, Turn};
+use super::history::{HistoryParams, HistoryResponse, Reading, Turn};
 use super::sessions::SessionTurnPath;
 use super::valid::{AllValid, Valid, field, given_user_id, optional, rule};
 use crate::config::Settings;
@@ -165,7 +165,7 @@ struct Start {
     query_en: Option<UserQuery>,
     /// The key and the hash of the request it stands for.
     idempotency: Option<(IdempotencyKey, String)>,
-    history: Option<Options>,
+    history: Option<Reading>,
 }
 
 impl Start {
@@ -215,7 +215,7 @@ impl Start {
         )
             .all()?;
         let history = match (history, &body.history) {
-            (Some(options), Some(params)) => Some(params.named(options, app)?),
+            (Some(options), Some(params)) => Some(params.named(options, app, "history.")?),
             _ => None,
         };
         Ok(Start {
@@ -259,7 +259,7 @@ pub async fn start_turn(
 ) -> Result<Response, ApiError> {
     let start = Start::parse(body, &headers, &app)?;
     if let Some(read) = &start.history {
-        read.encoding.ready().await;
+        read.options.encoding.ready().await;
     }
     let turn_id = TurnId::generate();
     let texts = (start.query, start.query_en);
@@ -280,7 +280,8 @@ pub async fn start_turn(
         },
     )
     .await;
-    let templated = match start.history.as_ref().filter(|o| o.template.is_some()) {
+    let read = start.history.as_ref().map(|r| &r.options);
+    let templated = match read.filter(|o| o.template.is_some()) {
         Some(read) => Some(
             read_templated(&*app.store, &start.session_id, start.user_id.as_ref(), read).await?,
         ),
@@ -303,14 +304,14 @@ pub async fn start_turn(
         new_session: start.new_session,
         now: now_millis(),
     };
-    let mut started = match templated {
-        None => app.store.start_turn(begin(start.history.as_ref())).await?,
+    let started = match templated {
+        None => app.store.start_turn(begin(read)).await?,
         Some(read_before) => {
             let mut started = app.store.start_turn(begin(None)).await?;
             if started.replayed {
                 // A replay writes nothing: read its history as it stood
                 // before the turn, in one operation with the replay.
-                started = app.store.start_turn(begin(start.history.as_ref())).await?;
+                started = app.store.start_turn(begin(read)).await?;
             } else {
                 started.history = Some(StoredHistory {
                     user_id: started.user_id.clone(),
@@ -322,12 +323,25 @@ pub async fn start_turn(
     };
     app.metrics.turn_started(started.replayed);
 
-    if let (Some(h), Some(opts)) = (started.history.as_mut(), &start.history) {
-        // The turn is written: a failure to count leaves the tokens unknown.
-        let _ = unsummarized_tokens(&*app.store, &start.session_id, h, opts).await;
-    }
     let history = match (started.history, &start.history) {
-        (Some(h), Some(opts)) => Some(HistoryResponse::build(start.session_id.as_str(), h, opts)),
+        (Some(mut h), Some(reading)) if reading.counts_in_store() => {
+            // The turn is written: a failure to count leaves the tokens unknown.
+            let _ =
+                unsummarized_tokens(&*app.store, &start.session_id, &mut h, &reading.options).await;
+            Some(HistoryResponse::build(
+                start.session_id.as_str(),
+                h,
+                reading,
+            ))
+        }
+        (Some(h), Some(reading)) => {
+            let h = reading.cut_apart(h).await?;
+            Some(HistoryResponse::build(
+                start.session_id.as_str(),
+                h,
+                reading,
+            ))
+        }
         _ => None,
     };
     let body = StartTurnResponse {

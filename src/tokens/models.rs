@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use super::Encoding;
+use super::{Counting, Encoding, Tokenizers};
 
 /// At most this many bytes of table: it is read once, at start.
 const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -34,14 +34,14 @@ pub struct Models {
 struct Rule {
     /// Lower case; `*` stands for any run of characters.
     pattern: String,
-    encoding: Encoding,
+    counting: Counting,
 }
 
 /// How a model was resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     /// By a table.
-    Known(Encoding),
+    Known(Counting),
     /// In no table, and counted with the default encoding.
     Unknown,
     /// In no table, and refused.
@@ -51,8 +51,13 @@ pub enum Resolved {
 impl Models {
     /// The operator's table from `path` (lines `pattern = encoding`, `#`
     /// comments; or a JSON object of pattern to encoding, in order), if
-    /// any. Errors name the file, the line or pattern, and why.
-    pub fn load(path: Option<&Path>, unknown: UnknownModel) -> Result<Self, String> {
+    /// any; an encoding is a built-in one or one of `tokenizers`. Errors
+    /// name the file, the line or pattern, and why.
+    pub fn load(
+        path: Option<&Path>,
+        unknown: UnknownModel,
+        tokenizers: &Tokenizers,
+    ) -> Result<Self, String> {
         let Some(path) = path else {
             return Ok(Models {
                 rules: Vec::new(),
@@ -69,11 +74,11 @@ impl Models {
             ));
         }
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {at}: {e}"))?;
-        let rules = Self::parse(&text).map_err(|e| format!("{at}: {e}"))?;
+        let rules = Self::parse(&text, tokenizers).map_err(|e| format!("{at}: {e}"))?;
         Ok(Models { rules, unknown })
     }
 
-    fn parse(text: &str) -> Result<Vec<Rule>, String> {
+    fn parse(text: &str, tokenizers: &Tokenizers) -> Result<Vec<Rule>, String> {
         let entries: Vec<(String, String, String)> = if text.trim_start().starts_with('{') {
             let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
                 .map_err(|e| format!("not a JSON object of pattern to encoding: {e}"))?;
@@ -118,13 +123,10 @@ impl Models {
             if rules.iter().any(|r| r.pattern == pattern) {
                 return Err(format!("{at}: `{pattern}` is already in the table"));
             }
-            let encoding = Encoding::from_name(&encoding).ok_or_else(|| {
-                format!(
-                    "{at}: unknown encoding `{encoding}`; known: {}",
-                    Encoding::ALL.map(|e| e.name()).join(", ")
-                )
-            })?;
-            rules.push(Rule { pattern, encoding });
+            let counting = tokenizers
+                .counting(&encoding)
+                .map_err(|e| format!("{at}: `{encoding}`: {e}"))?;
+            rules.push(Rule { pattern, counting });
         }
         Ok(rules)
     }
@@ -142,10 +144,10 @@ impl Models {
     pub fn resolve(&self, model: &str) -> Resolved {
         let lower = model.to_lowercase();
         if let Some(rule) = self.rules.iter().find(|r| matches(&r.pattern, &lower)) {
-            return Resolved::Known(rule.encoding);
+            return Resolved::Known(rule.counting.clone());
         }
         match Encoding::for_model(model) {
-            Some(encoding) => Resolved::Known(encoding),
+            Some(encoding) => Resolved::Known(Counting::Builtin(encoding)),
             None if self.unknown == UnknownModel::Reject => Resolved::Refused,
             None => Resolved::Unknown,
         }
@@ -177,9 +179,13 @@ fn matches(pattern: &str, name: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn known(e: Encoding) -> Resolved {
+        Resolved::Known(Counting::Builtin(e))
+    }
+
     fn table(text: &str) -> Models {
         Models {
-            rules: Models::parse(text).unwrap(),
+            rules: Models::parse(text, &Tokenizers::default()).unwrap(),
             unknown: UnknownModel::Default,
         }
     }
@@ -210,46 +216,28 @@ mod tests {
             "# open models\nllama-3-8b = p50k_base\nLlama-3* = cl100k_base\n\n  gpt-4o = r50k_base  \n",
         );
         assert_eq!(models.len(), 3);
-        assert_eq!(
-            models.resolve("llama-3-8b"),
-            Resolved::Known(Encoding::P50kBase)
-        );
-        assert_eq!(
-            models.resolve("LLAMA-3-70B"),
-            Resolved::Known(Encoding::Cl100kBase)
-        );
+        assert_eq!(models.resolve("llama-3-8b"), known(Encoding::P50kBase));
+        assert_eq!(models.resolve("LLAMA-3-70B"), known(Encoding::Cl100kBase));
         assert_eq!(
             models.resolve("gpt-4o"),
-            Resolved::Known(Encoding::R50kBase),
+            known(Encoding::R50kBase),
             "the operator's table first"
         );
-        assert_eq!(
-            models.resolve("gpt-4"),
-            Resolved::Known(Encoding::Cl100kBase)
-        );
+        assert_eq!(models.resolve("gpt-4"), known(Encoding::Cl100kBase));
         assert_eq!(models.resolve("claude-3-5-sonnet"), Resolved::Unknown);
         let strict = Models {
             unknown: UnknownModel::Reject,
             ..table("")
         };
         assert_eq!(strict.resolve("claude-3-5-sonnet"), Resolved::Refused);
-        assert_eq!(
-            strict.resolve("gpt-4o"),
-            Resolved::Known(Encoding::O200kBase)
-        );
+        assert_eq!(strict.resolve("gpt-4o"), known(Encoding::O200kBase));
     }
 
     #[test]
     fn a_json_object_is_a_table_in_its_order() {
         let models = table(r#"{"qwen2.5-7b": "o200k_base", "qwen*": "cl100k_base"}"#);
-        assert_eq!(
-            models.resolve("qwen2.5-7b"),
-            Resolved::Known(Encoding::O200kBase)
-        );
-        assert_eq!(
-            models.resolve("qwen2-72b"),
-            Resolved::Known(Encoding::Cl100kBase)
-        );
+        assert_eq!(models.resolve("qwen2.5-7b"), known(Encoding::O200kBase));
+        assert_eq!(models.resolve("qwen2-72b"), known(Encoding::Cl100kBase));
     }
 
     #[test]
@@ -258,7 +246,7 @@ mod tests {
             ("llama-3*\n", "line 1: `pattern = encoding` expected"),
             (
                 "a = o200k_base\nb = llama3\n",
-                "line 2: unknown encoding `llama3`",
+                "line 2: `llama3`: unknown encoding; this server has o200k_base",
             ),
             (" = o200k_base", "line 1: a pattern has 1 to 256"),
             (
@@ -269,11 +257,11 @@ mod tests {
             (r#"{"a": "o200k_base""#, "not a JSON object"),
             ("a\u{7}b = o200k_base", "line 1: a pattern has no control"),
         ] {
-            let e = Models::parse(text).unwrap_err();
+            let e = Models::parse(text, &Tokenizers::default()).unwrap_err();
             assert!(e.contains(expected), "{text:?}: {e}");
         }
         let long = format!("{} = o200k_base", "x".repeat(257));
-        assert!(Models::parse(&long).is_err());
+        assert!(Models::parse(&long, &Tokenizers::default()).is_err());
     }
 
     #[test]
@@ -281,13 +269,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("models.txt");
         std::fs::write(&path, "x = nope\n").unwrap();
-        let e = Models::load(Some(&path), UnknownModel::Default).unwrap_err();
+        let none = Tokenizers::default();
+        let e = Models::load(Some(&path), UnknownModel::Default, &none).unwrap_err();
         assert!(e.starts_with(&path.display().to_string()), "{e}");
-        assert!(e.contains("line 1: unknown encoding `nope`"), "{e}");
-        let e = Models::load(Some(&dir.path().join("none")), UnknownModel::Default).unwrap_err();
+        assert!(e.contains("line 1: `nope`: unknown encoding"), "{e}");
+        let e =
+            Models::load(Some(&dir.path().join("none")), UnknownModel::Default, &none).unwrap_err();
         assert!(e.starts_with("cannot read"), "{e}");
         std::fs::write(&path, "x = cl100k_base\n").unwrap();
-        let models = Models::load(Some(&path), UnknownModel::Default).unwrap();
-        assert_eq!(models.resolve("x"), Resolved::Known(Encoding::Cl100kBase));
+        let models = Models::load(Some(&path), UnknownModel::Default, &none).unwrap();
+        assert_eq!(models.resolve("x"), known(Encoding::Cl100kBase));
+        // A loaded tokenizer's name is an encoding too.
+        let tiny = super::super::loaded::tests::TINY_JSON;
+        let loaded = Tokenizers::of(vec![
+            super::super::LoadedTokenizer::from_json("tiny", tiny.as_bytes(), None).unwrap(),
+        ]);
+        std::fs::write(&path, "llama-3* = tiny\n").unwrap();
+        let models = Models::load(Some(&path), UnknownModel::Default, &loaded).unwrap();
+        let Resolved::Known(Counting::Loaded(t)) = models.resolve("llama-3-8b") else {
+            panic!("not the loaded tokenizer");
+        };
+        assert_eq!(t.name(), "tiny");
     }
 }

@@ -58,6 +58,7 @@ mod streams;
 mod summaries;
 mod summarizer;
 mod templates;
+mod tokenizers;
 mod translations;
 mod users;
 

@@ -149,10 +149,32 @@ fn a_broken_model_table_stops_the_start_naming_its_line() {
     };
 
     let stderr = serve(&[("TURNSTORE_MODELS", path.to_str().unwrap())]);
-    let at = format!("{}: line 3: unknown encoding `qwen2`", path.display());
+    let at = format!("{}: line 3: `qwen2`: unknown encoding", path.display());
     assert!(stderr.contains(&at), "{stderr}");
     assert!(stderr.contains("cl100k_base"), "{stderr}");
 
     let stderr = serve(&[("TURNSTORE_UNKNOWN_MODEL", "fallback")]);
     assert!(stderr.contains("unknown-model"), "{stderr}");
+}
+
+/// A tokenizer file that is not a tokenizer stops the start, naming the
+/// file and why; a good one is loaded and its memory logged.
+#[test]
+fn a_broken_tokenizer_stops_the_start_naming_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("llama")).unwrap();
+    std::fs::write(dir.path().join("llama/tokenizer.json"), r#"{"model": 3}"#).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_turnstore"))
+        .arg("serve")
+        .env("TURNSTORE_LISTEN", format!("127.0.0.1:{}", free_port()))
+        .env("TURNSTORE_TOKENIZERS_DIR", dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let at = format!(
+        "cannot load a tokenizer: {}: not a tokenizer.json",
+        dir.path().join("llama/tokenizer.json").display()
+    );
+    assert!(stderr.contains(&at), "{stderr}");
 }

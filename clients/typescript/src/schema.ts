@@ -286,7 +286,9 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /**
-         * @description A tiktoken encoding, by its name.
+         * @description An encoding, by its name: tiktoken's, built in; on a server with
+         *     `TURNSTORE_TOKENIZERS_DIR`, also the tokenizers it loaded (its
+         *     document lists them).
          * @enum {string}
          */
         Encoding: "o200k_base" | "o200k_harmony" | "cl100k_base" | "p50k_base" | "p50k_edit" | "r50k_base";
@@ -496,7 +498,10 @@ export interface components {
             session_id: components["schemas"]["SessionId"];
             user_id: components["schemas"]["UserId"] | null;
             format: components["schemas"]["HistoryFormat"];
-            /** @description The encoding `token_count` is counted in. */
+            /**
+             * @description The encoding `token_count` is counted in (a built-in one, or a
+             *     tokenizer the server loaded).
+             */
             encoding: components["schemas"]["Encoding"];
             /**
              * Format: int32
@@ -1314,7 +1319,11 @@ export interface operations {
                  * @example gpt-4o
                  */
                 model?: string;
-                /** @description The tokenizer to count with. Default on this server: `o200k_base` (`TURNSTORE_ENCODING`). */
+                /**
+                 * @description The tokenizer to count with: a built-in encoding, or a tokenizer
+                 *     the server loaded (`TURNSTORE_TOKENIZERS_DIR`; this server's
+                 *     document lists them). Unknown: 422 `validation_failed`. Default on this server: `o200k_base` (`TURNSTORE_ENCODING`).
+                 */
                 encoding?: components["schemas"]["Encoding"];
                 /**
                  * @description Truncate each question to this many characters (Unicode scalar

@@ -11,7 +11,8 @@ const GLOBALS: Globals<'static> = Globals {
     user_id: Some("u1"),
 };
 
-fn turn(seq: u64, q: &str, a: &str) -> SelectedTurn {
+/// A finalized turn, selected whole (shared with `history::exact`).
+pub(crate) fn turn(seq: u64, q: &str, a: &str) -> SelectedTurn {
     SelectedTurn {
         turn: TurnView {
             turn_id: TurnId::generate(),

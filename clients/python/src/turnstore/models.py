@@ -86,8 +86,9 @@ class HistoryOptions:
             model counts with the server's default encoding (the response's
             ``encoding`` says which), or raises :class:`ValidationError`
             (``unknown_model``) where the server refuses unknown models.
-        encoding: the tokenizer (``o200k_base``, ``cl100k_base``, ...);
-            wins over ``model``.
+        encoding: the tokenizer (``o200k_base``, ``cl100k_base``, ..., or a
+            tokenizer the server loaded from ``TURNSTORE_TOKENIZERS_DIR``,
+            such as ``llama3``); wins over ``model``.
         max_query_chars: cut each question to this many characters first.
         max_answer_chars: cut each answer to this many characters first.
         keep_first: always keep the session's first turn (the original

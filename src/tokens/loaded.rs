@@ -1,0 +1,393 @@
+//! Tokenizers from Hugging Face `tokenizer.json` files
+//! (`TURNSTORE_TOKENIZERS_DIR`), loaded and checked at start: `NAME.json`,
+//! or `NAME/tokenizer.json` with an optional `tokenizer_config.json`
+//! beside it (whose `chat_template` is kept). A read names one by
+//! `encoding=NAME` (or through the model table); it counts with the
+//! `tokenizers` crate, Hugging Face's own implementation.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::Encoding;
+
+/// A tokenizer file is at most this large (Llama 3's is 9 MB, Gemma's 34).
+const MAX_FILE_BYTES: u64 = 64 << 20;
+/// At most this many tokenizers a server loads.
+const MAX_TOKENIZERS: usize = 64;
+
+/// What a read counts with: a built-in encoding, or a loaded tokenizer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Counting {
+    Builtin(Encoding),
+    Loaded(Arc<LoadedTokenizer>),
+}
+
+impl Counting {
+    /// Its name, as `encoding=` takes it and responses report it.
+    pub fn name(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Counting::Builtin(e) => e.name().into(),
+            Counting::Loaded(t) => t.name().to_owned().into(),
+        }
+    }
+
+    pub fn count(&self, text: &str) -> u32 {
+        match self {
+            Counting::Builtin(e) => e.count(text),
+            Counting::Loaded(t) => t.count(text),
+        }
+    }
+}
+
+/// A loaded tokenizer.
+pub struct LoadedTokenizer {
+    name: String,
+    tokenizer: tokenizers::Tokenizer,
+    /// Its `tokenizer_config.json`'s `chat_template`, if any.
+    chat_template: Option<String>,
+    /// What loading it took of the process's memory (resident set).
+    memory: u64,
+    /// Bytes of the longest token's text: a rendering longer than this
+    /// many bytes a token counts more than that many tokens.
+    longest: u64,
+}
+
+impl std::fmt::Debug for LoadedTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedTokenizer")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for LoadedTokenizer {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for LoadedTokenizer {}
+
+impl LoadedTokenizer {
+    /// From the bytes of a `tokenizer.json`; `name` for errors.
+    pub fn from_json(
+        name: &str,
+        json: &[u8],
+        chat_template: Option<String>,
+    ) -> Result<Self, String> {
+        let mut tokenizer = tokenizers::Tokenizer::from_bytes(json)
+            .map_err(|e| format!("not a tokenizer.json: {e}"))?;
+        // Counts are of whole texts: no truncation, no padding; special
+        // tokens a user typed count as the text they are (as tiktoken's
+        // ordinary text, and as chat APIs treat them).
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| format!("cannot turn its truncation off: {e}"))?;
+        tokenizer.with_padding(None);
+        tokenizer.set_encode_special_tokens(true);
+        // A token's text (its vocabulary entry) is at least as long as
+        // what it stands for: a byte-level token has a character a byte,
+        // a SentencePiece one three bytes ("▁") for a space.
+        let longest = tokenizer
+            .get_vocab(true)
+            .keys()
+            .map(|t| t.len() as u64)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let loaded = LoadedTokenizer {
+            name: name.to_owned(),
+            tokenizer,
+            chat_template,
+            memory: 0,
+            longest,
+        };
+        // A tokenizer that cannot count a plain text is broken.
+        loaded
+            .try_count("Hello, world! 12345 héllo 😀\n\n  code() {}")
+            .map_err(|e| format!("cannot count a text: {e}"))?;
+        Ok(loaded)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    pub fn memory(&self) -> u64 {
+        self.memory
+    }
+
+    /// At most how many bytes of text `tokens` tokens hold (twice what
+    /// the longest token's text says, for normalizers that shorten).
+    pub fn bytes_within(&self, tokens: u32) -> u64 {
+        u64::from(tokens)
+            .saturating_mul(self.longest)
+            .saturating_mul(2)
+    }
+
+    fn try_count(&self, text: &str) -> Result<usize, String> {
+        self.tokenizer
+            .encode_fast(text, false)
+            .map(|e| e.len())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Exact count of `text` as ordinary text, without the special tokens
+    /// the tokenizer's template adds (a BOS, say). A text it cannot
+    /// encode (none was found) counts as its bytes, an upper bound.
+    pub fn count(&self, text: &str) -> u32 {
+        let n = self.try_count(text).unwrap_or(text.len());
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// The tokenizers a server loaded, by name.
+#[derive(Debug, Default)]
+pub struct Tokenizers {
+    by_name: BTreeMap<String, Arc<LoadedTokenizer>>,
+}
+
+impl Tokenizers {
+    /// Every tokenizer in `dir` (none without one). Errors name the file
+    /// and why.
+    pub fn load(dir: Option<&Path>) -> Result<Self, String> {
+        let Some(dir) = dir else {
+            return Ok(Tokenizers::default());
+        };
+        let entries =
+            std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let mut found: Vec<(String, std::path::PathBuf)> = Vec::new();
+        for entry in entries {
+            let path = entry
+                .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+                .path();
+            let file_name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned();
+            if file_name.starts_with('.') {
+                continue;
+            }
+            if path.is_dir() {
+                found.push((file_name, path.join("tokenizer.json")));
+            } else if let Some(name) = file_name.strip_suffix(".json") {
+                found.push((name.to_owned(), path));
+            }
+        }
+        found.sort();
+        if found.len() > MAX_TOKENIZERS {
+            return Err(format!(
+                "{}: {} tokenizers; a server loads at most {MAX_TOKENIZERS}",
+                dir.display(),
+                found.len()
+            ));
+        }
+        let mut by_name = BTreeMap::new();
+        for (name, file) in found {
+            let at = file.display().to_string();
+            check_name(&name).map_err(|e| format!("{at}: {e}"))?;
+            let before = resident();
+            let mut loaded = read_one(&name, &file).map_err(|e| format!("{at}: {e}"))?;
+            loaded.memory = resident().saturating_sub(before);
+            tracing::info!(
+                tokenizer = %name,
+                memory_bytes = loaded.memory,
+                chat_template = loaded.chat_template.is_some(),
+                "tokenizer loaded"
+            );
+            by_name.insert(name, Arc::new(loaded));
+        }
+        Ok(Tokenizers { by_name })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<LoadedTokenizer>> {
+        self.by_name.get(name)
+    }
+
+    /// What `encoding=name` counts with: a built-in encoding or a loaded
+    /// tokenizer; the error names what the server has.
+    pub fn counting(&self, name: &str) -> Result<Counting, String> {
+        if let Some(e) = Encoding::from_name(name) {
+            return Ok(Counting::Builtin(e));
+        }
+        self.get(name)
+            .cloned()
+            .map(Counting::Loaded)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Encoding::ALL
+                    .iter()
+                    .map(|e| e.name())
+                    .chain(self.names())
+                    .collect();
+                format!("unknown encoding; this server has {}", known.join(", "))
+            })
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<LoadedTokenizer>> {
+        self.by_name.values()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    #[cfg(test)]
+    pub fn of(loaded: Vec<LoadedTokenizer>) -> Self {
+        Tokenizers {
+            by_name: loaded
+                .into_iter()
+                .map(|t| (t.name.clone(), Arc::new(t)))
+                .collect(),
+        }
+    }
+}
+
+/// A tokenizer's name: as a template's, and not a built-in encoding's.
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = name.len() <= 64
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !ok {
+        return Err(format!(
+            "`{name}` is not a tokenizer name: 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', beginning with a letter or digit"
+        ));
+    }
+    if Encoding::from_name(name).is_some() {
+        return Err(format!("`{name}` is a built-in encoding's name"));
+    }
+    Ok(())
+}
+
+fn read_one(name: &str, file: &Path) -> Result<LoadedTokenizer, String> {
+    let json = read_capped(file)?;
+    let config = file.with_file_name("tokenizer_config.json");
+    let chat_template = if file.file_name().is_some_and(|f| f == "tokenizer.json")
+        && config.exists()
+    {
+        chat_template(&read_capped(&config)?).map_err(|e| format!("{}: {e}", config.display()))?
+    } else {
+        None
+    };
+    LoadedTokenizer::from_json(name, &json, chat_template)
+}
+
+fn read_capped(file: &Path) -> Result<Vec<u8>, String> {
+    let size = std::fs::metadata(file)
+        .map_err(|e| format!("cannot read it: {e}"))?
+        .len();
+    if size > MAX_FILE_BYTES {
+        return Err(format!(
+            "{size} bytes; a tokenizer file is at most {MAX_FILE_BYTES}"
+        ));
+    }
+    std::fs::read(file).map_err(|e| format!("cannot read it: {e}"))
+}
+
+/// The `chat_template` of a `tokenizer_config.json`: a string, or the
+/// template named `default` of a list of named ones.
+fn chat_template(config: &[u8]) -> Result<Option<String>, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(config).map_err(|e| format!("not JSON: {e}"))?;
+    Ok(match v.get("chat_template") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(t)) => Some(t.clone()),
+        Some(serde_json::Value::Array(named)) => named
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+        Some(_) => return Err("`chat_template` is neither a string nor a list".into()),
+    })
+}
+
+/// The process's resident set, in bytes (0 where /proc has none), once
+/// the allocator gave back what it holds free (the parse's garbage).
+fn resident() -> u64 {
+    // SAFETY: mi_collect takes no pointer; it frees nothing in use.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A small byte-level BPE tokenizer (`tests/fixtures`): its merges
+    /// make "the", " the", "he" and "ll" tokens, and it adds a space before
+    /// a text.
+    pub(crate) const TINY_JSON: &str = include_str!("../../tests/fixtures/tiny-tokenizer.json");
+
+    #[test]
+    fn a_tiny_tokenizer_counts_its_merges() {
+        let t = LoadedTokenizer::from_json("tiny", TINY_JSON.as_bytes(), None).unwrap();
+        assert_eq!(t.count("the"), 1);
+        assert_eq!(t.count(" the"), 1);
+        assert_eq!(t.count("hello"), 4); // Ġ he ll o: a space is added before
+        assert_eq!(t.count(""), 0);
+    }
+
+    #[test]
+    fn broken_files_and_names_are_refused_naming_why() {
+        for (name, json, expected) in [
+            ("t", "{", "not a tokenizer.json"),
+            ("t", r#"{"version": "1.0"}"#, "not a tokenizer.json"),
+        ] {
+            let e = LoadedTokenizer::from_json(name, json.as_bytes(), None).unwrap_err();
+            assert!(e.contains(expected), "{json}: {e}");
+        }
+        assert!(check_name("llama-3.1_8b").is_ok());
+        for bad in ["", "-x", "a/b", "o200k_base", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_directory_loads_files_and_folders_with_their_chat_templates() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tiny.json"), TINY_JSON).unwrap();
+        std::fs::create_dir(dir.path().join("chat")).unwrap();
+        std::fs::write(dir.path().join("chat/tokenizer.json"), TINY_JSON).unwrap();
+        std::fs::write(
+            dir.path().join("chat/tokenizer_config.json"),
+            r#"{"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ messages }}"}]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
+
+        let loaded = Tokenizers::load(Some(dir.path())).unwrap();
+
+        assert_eq!(loaded.names().collect::<Vec<_>>(), ["chat", "tiny"]);
+        assert_eq!(
+            loaded.get("chat").unwrap().chat_template(),
+            Some("{{ messages }}")
+        );
+        assert_eq!(loaded.get("tiny").unwrap().chat_template(), None);
+        assert_eq!(loaded.get("tiny").unwrap().count("the"), 1);
+
+        std::fs::write(dir.path().join("bad.json"), "[1, 2]").unwrap();
+        let e = Tokenizers::load(Some(dir.path())).unwrap_err();
+        assert!(
+            e.starts_with(&dir.path().join("bad.json").display().to_string()),
+            "{e}"
+        );
+        assert!(e.contains("not a tokenizer.json"), "{e}");
+    }
+}

@@ -1,0 +1,307 @@
+//! Tokenizers from files (`TURNSTORE_TOKENIZERS_DIR`): `encoding=NAME`
+//! counts with a Hugging Face tokenizer, exactly, under the budget rule.
+//! The test's tokenizer is a small byte-level BPE that adds a space before
+//! every text it counts, so the counts of parts do not add up to the
+//! count of the parts joined (as with SentencePiece tokenizers): only
+//! counts of whole renderings keep the budget.
+
+use std::path::{Path, PathBuf};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokenizers::Tokenizer;
+
+use crate::support::{Backend, TestApp, ok_json, problem, sid};
+
+conformance!(
+    a_loaded_tokenizer_keeps_the_budget_exactly,
+    real_vocabularies_keep_the_budget_exactly,
+    a_loaded_tokenizer_is_named_by_models_and_listed,
+    unknown_encodings_and_templates_are_refused,
+);
+
+/// A small byte-level BPE (its merges make "the", " the", "he" and "ll"
+/// tokens) that adds a space before each text.
+const TINY: &str = include_str!("../fixtures/tiny-tokenizer.json");
+
+/// The tokenizer in `file`, counting as the server does: no special
+/// tokens added, typed ones counted as text.
+fn load(file: &Path) -> Tokenizer {
+    let mut t = Tokenizer::from_file(file).unwrap();
+    t.set_encode_special_tokens(true);
+    t
+}
+
+/// A fresh count of `text`.
+fn fresh(t: &Tokenizer, text: &str) -> usize {
+    t.encode_fast(text, false).unwrap().len()
+}
+
+/// The count of a response's rendering, as the format budgets it.
+fn count_of(t: &Tokenizer, h: &Value) -> usize {
+    match h["format"].as_str().unwrap() {
+        "messages" => h["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| fresh(t, m["content"].as_str().unwrap()) + 4)
+            .sum(),
+        _ => fresh(t, h["rendered"].as_str().unwrap()),
+    }
+}
+
+/// A server with the tiny tokenizer as `tiny`, and a model table.
+async fn with_tiny(backend: Backend, models: &str) -> (TestApp, tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tokenizers")).unwrap();
+    let file = dir.path().join("tokenizers/tiny.json");
+    std::fs::write(&file, TINY).unwrap();
+    std::fs::write(dir.path().join("models.txt"), models).unwrap();
+    let (tokenizers, table) = (dir.path().join("tokenizers"), dir.path().join("models.txt"));
+    let app = TestApp::spawn_with(backend, |s| {
+        s.tokenizers_dir = Some(tokenizers);
+        s.models = Some(table);
+    })
+    .await;
+    (app, dir, file)
+}
+
+const TEXTS: [(&str, &str); 6] = [
+    ("Where is the hello?", " the hello is there\n\nthe end"),
+    ("  two leading spaces", "you ought to   see   this"),
+    ("héllo 😀 wörld", "ünïcode: の日本語"),
+    ("the the the", "hell ou hello"),
+    (
+        "code: fn main() { println!(\"hi\"); }",
+        "```rust\nfn x() {}\n```",
+    ),
+    ("last <|endoftext|> question", "last answer"),
+];
+
+async fn a_loaded_tokenizer_keeps_the_budget_exactly(backend: Backend) {
+    let (app, _dir, file) = with_tiny(backend, "").await;
+    let s = sid();
+    for (q, a) in TEXTS {
+        app.complete(&s, q, a).await;
+    }
+    let tiny = load(&file);
+    let all = sweep(&app, &s, "tiny", &tiny, TEXTS.len() as u64, 3).await;
+
+    // A start's history counts alike; text/plain says the encoding.
+    let budget = all / 2;
+    let started = app
+        .started(json!({"session_id": s, "user_query": "q7",
+                        "history": {"encoding": "tiny", "max_tokens": budget}}))
+        .await;
+    let h = &started["history"];
+    assert_eq!(h["encoding"], "tiny", "{started}");
+    assert_eq!(
+        h["token_count"].as_u64().unwrap() as usize,
+        count_of(&tiny, h)
+    );
+    assert!(h["token_count"].as_u64().unwrap() <= u64::from(budget));
+    let plain = app
+        .http
+        .get(app.url(&format!("/v1/sessions/{s}/history?encoding=tiny")))
+        .header("accept", "text/plain")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.headers()["x-encoding"], "tiny");
+    let n: usize = plain.headers()["x-token-count"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(n, fresh(&tiny, &plain.text().await.unwrap()));
+}
+
+/// Reads of `s` (holding `turns` turns) in `encoding` (counted by `t`)
+/// at every `step`th budget up to all of it, in every format, with
+/// and without keep_first: each count is a fresh count of what is
+/// returned, within the budget, and one more turn would not fit. Returns
+/// the count of the whole history.
+async fn sweep(
+    app: &TestApp,
+    s: &str,
+    encoding: &str,
+    t: &Tokenizer,
+    turns: u64,
+    step: usize,
+) -> u32 {
+    let whole = app
+        .history_ok(s, &format!("encoding={encoding}&max_tokens=1000000"))
+        .await;
+    let all = whole["token_count"].as_u64().unwrap() as u32;
+    assert_eq!(whole["encoding"], encoding, "{whole}");
+    assert_eq!(whole["included_turns"], turns, "{whole}");
+    assert_eq!(all as usize, count_of(t, &whole), "{whole}");
+    for format in ["text", "messages", "turns"] {
+        for keep_first in [false, true] {
+            let mut last_included = 0;
+            for max in (0..=all + 2).step_by(step) {
+                let read = format!("encoding={encoding}&format={format}&keep_first={keep_first}");
+                let q = format!("{read}&max_tokens={max}");
+                let h = app.history_ok(s, &q).await;
+                let n = h["token_count"].as_u64().unwrap() as usize;
+                let included = h["included_turns"].as_u64().unwrap();
+                if format != "turns" {
+                    assert_eq!(n, count_of(t, &h), "{q}: {h}");
+                }
+                assert!(n <= max as usize, "{q}: {h}");
+                assert!(
+                    included >= last_included,
+                    "more room keeps no fewer: {q}: {h}"
+                );
+                last_included = included;
+                if included == turns {
+                    assert_eq!(h["stopped_by"], Value::Null, "{q}: {h}");
+                    continue;
+                }
+                assert_eq!(h["stopped_by"], "max_tokens", "{q}: {h}");
+                assert_eq!(h["unsummarized"]["turns"], turns - included, "{q}: {h}");
+                assert_eq!(h["unsummarized"]["tokens"], Value::Null, "{q}: {h}");
+                // The next turn the rule would offer does not fit.
+                let more = format!("{read}&max_tokens=1000000&limit={}", included + 1);
+                let bigger = app.history_ok(s, &more).await;
+                assert!(
+                    bigger["token_count"].as_u64().unwrap() > u64::from(max),
+                    "{q}: {h}\nwith one more turn: {bigger}"
+                );
+            }
+        }
+    }
+    all
+}
+
+/// Multilingual, emoji, whitespace-heavy and code texts.
+const CORPUS: [(&str, &str); 8] = [
+    (
+        "What does the retriever return for a query?",
+        "The top 20 chunks, ranked by cosine similarity, then re-ranked.",
+    ),
+    (
+        "Wie funktioniert die Größenänderung? Ça marche aussi en français ?",
+        "Ja — und oui : l'index est reconstruit à chaque écriture.",
+    ),
+    (
+        "東京の天気はどうですか？",
+        "晴れです。気温は二十度です。 😀🎉👍🏽",
+    ),
+    (
+        "   leading spaces\tand\ttabs\n\n\nand blank lines   ",
+        "trailing spaces    \n    indented\n\t\tmore",
+    ),
+    (
+        "fn main() {\n    println!(\"{}\", 42);\n}",
+        "```python\ndef f(x):\n    return x ** 2  # square\n```",
+    ),
+    (
+        "Привет, как дела? مرحبا كيف حالك؟",
+        "Всё хорошо. بخير، شكرا. שלום",
+    ),
+    (
+        "<|begin_of_text|><|eot_id|> [INST] typed special tokens [/INST] <s></s>",
+        "<|im_start|>user\nhi<|im_end|>",
+    ),
+    (
+        "1234567890 3.14159 -42 1e10 0xFF",
+        "URLs: https://example.com/a?b=c&d=e#f and mail@example.org",
+    ),
+];
+
+/// The real tokenizers `scripts/fetch-tokenizers` brings (Llama 3 and
+/// Qwen 2.5, byte-level; Llama 2, SentencePiece): `scripts/test` sets
+/// `TURNSTORE_TEST_TOKENIZERS` to where they are. Without it (a bare
+/// `cargo test`) there is nothing to count with, and the test says so.
+async fn real_vocabularies_keep_the_budget_exactly(backend: Backend) {
+    let Some(dir) = std::env::var_os("TURNSTORE_TEST_TOKENIZERS").map(PathBuf::from) else {
+        eprintln!("TURNSTORE_TEST_TOKENIZERS unset (scripts/test sets it): skipped");
+        return;
+    };
+    let app = TestApp::spawn_with(backend, |s| s.tokenizers_dir = Some(dir.clone())).await;
+    let s = sid();
+    for (q, a) in CORPUS {
+        app.complete(&s, q, a).await;
+    }
+    for name in ["llama3", "qwen2_5", "llama2"] {
+        let file = dir.join(name).join("tokenizer.json");
+        assert!(
+            file.exists(),
+            "{} is missing: run scripts/fetch-tokenizers",
+            file.display()
+        );
+        let all = sweep(&app, &s, name, &load(&file), CORPUS.len() as u64, 23).await;
+        assert!(all > 100, "{name}: {all}");
+    }
+}
+
+async fn a_loaded_tokenizer_is_named_by_models_and_listed(backend: Backend) {
+    let (app, _dir, file) = with_tiny(backend, "tiny-* = tiny\n").await;
+    let s = sid();
+    app.complete(&s, "hello", "the world").await;
+
+    let h = app.history_ok(&s, "model=tiny-7b-instruct").await;
+    assert_eq!(h["encoding"], "tiny", "{h}");
+    let summary = json!({"summary": "the story so far", "through_seq": 1});
+    let res = app
+        .http
+        .put(app.url(&format!("/v1/sessions/{s}/summary")))
+        .json(&summary)
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.text().await.unwrap());
+    let h = app
+        .history_ok(&s, "encoding=tiny&format=turns&summary=true")
+        .await;
+    assert_eq!(
+        h["summary"]["token_count"],
+        fresh(&load(&file), "the story so far"),
+        "{h}"
+    );
+
+    let doc: Value = app
+        .http
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let known = &doc["components"]["schemas"]["Encoding"]["enum"];
+    assert_eq!(known.as_array().unwrap().last().unwrap(), "tiny", "{known}");
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(r#"turnstore_tokenizer_memory_bytes{tokenizer="tiny"}"#),
+        "{metrics}"
+    );
+}
+
+async fn unknown_encodings_and_templates_are_refused(backend: Backend) {
+    let (app, _dir, _file) = with_tiny(backend, "").await;
+    let s = sid();
+    app.complete(&s, "q1", "a1").await;
+
+    let unknown = app.history(&s, "encoding=llama3").await;
+    let templated = app.history(&s, "encoding=tiny&template=xml").await;
+    let start = app
+        .start(json!({"session_id": s, "user_query": "q2",
+                      "history": {"encoding": "nope"}}))
+        .await;
+
+    let p = problem(unknown, 422, "validation_failed").await;
+    assert_eq!(p["errors"][0]["field"], "encoding", "{p}");
+    let message = p["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("o200k_base") && message.contains("tiny"),
+        "{p}"
+    );
+    let p = problem(templated, 422, "validation_failed").await;
+    assert_eq!(p["errors"][0]["field"], "template", "{p}");
+    let p = problem(start, 422, "validation_failed").await;
+    assert_eq!(p["errors"][0]["field"], "history.encoding", "{p}");
+    let info = ok_json(app.session(&s).await, StatusCode::OK).await;
+    assert_eq!(info["pending_count"], 0, "nothing was written: {info}");
+}
