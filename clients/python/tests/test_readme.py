@@ -168,17 +168,39 @@ STRATEGIES = {
         "A: About 1.5 times the vectors.",
     ],
     "Export, and translations": ['{"session_id":"chat-44","created_at":"'],
+    "Exact budgets for open models": [
+        '"encoding":"llama3","token_count":62',
+        '"encoding":"llama3","token_count":24',
+        '"stopped_by":"max_tokens"',
+    ],
 }
+
+
+def real_tokenizers() -> str:
+    """The real tokenizers `scripts/fetch-tokenizers` brings (scripts/test
+    names where: TURNSTORE_TEST_TOKENIZERS)."""
+    found = os.environ.get("TURNSTORE_TEST_TOKENIZERS")
+    if found:
+        return found
+    there = ROOT / "target" / "tokenizers"
+    subprocess.run([str(ROOT / "scripts" / "fetch-tokenizers"), str(there)], check=True)
+    return str(there)
 
 
 @pytest.fixture(params=["memory", "redis"])
 def strategies_server(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Tuple[Server, Dict[str, str]]]:
-    """A fresh server whose templates are the README's template file."""
+    """A fresh server whose templates are the README's template file, with
+    the tokenizers and model table its open-models block names."""
     blocks = strategy_blocks(READMES["project"])
     (tmp_path / "numbered.jinja").write_text(blocks["template file"], "utf-8")
-    env = {"TURNSTORE_TEMPLATES_DIR": str(tmp_path)}
+    (tmp_path / "models.txt").write_text("llama-3* = llama3\n", "utf-8")
+    env = {
+        "TURNSTORE_TEMPLATES_DIR": str(tmp_path),
+        "TURNSTORE_TOKENIZERS_DIR": real_tokenizers(),
+        "TURNSTORE_MODELS": str(tmp_path / "models.txt"),
+    }
     if request.param == "redis":
         env["TURNSTORE_REDIS_URL"] = request.getfixturevalue("redis_url")
     srv = start_turnstore(request.param, env)
