@@ -23,6 +23,7 @@ import type {
   TextHistoryOptions,
   UserSession,
   UserSessionsPage,
+  WireHistoryQuery,
 } from "./types.js";
 
 export interface TurnstoreClientOptions {
@@ -226,7 +227,7 @@ export class TurnstoreClient {
     };
     if (input.userId !== undefined) body.user_id = input.userId;
     if (input.userQueryEn !== undefined) body.user_query_en = input.userQueryEn;
-    if (input.history !== undefined) body.history = input.history;
+    if (input.history !== undefined) body.history = input.history as WireHistoryQuery;
     const { data, response } = await this.#send("POST /v1/turns", call, (signal, headers) =>
       this.#api.POST("/v1/turns", {
         body,
@@ -300,7 +301,7 @@ export class TurnstoreClient {
     options?: O,
     call?: CallOptions,
   ): Promise<HistoryFor<O>> {
-    const query: HistoryOptions = { ...options };
+    const query = { ...options } as WireHistoryQuery;
     const { data, response } = await this.#send("GET history", call, (signal, headers) =>
       this.#api.GET("/v1/sessions/{session_id}/history", {
         params: { path: { session_id: sessionId }, query },
@@ -317,7 +318,7 @@ export class TurnstoreClient {
     options?: TextHistoryOptions,
     call?: CallOptions,
   ): Promise<HistoryText> {
-    const query: TextHistoryOptions = { ...options };
+    const query = { ...options } as WireHistoryQuery;
     const { data, response } = await this.#send("GET history (text)", call, (signal, headers) =>
       this.#api.GET("/v1/sessions/{session_id}/history", {
         params: { path: { session_id: sessionId }, query },

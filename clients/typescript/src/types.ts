@@ -2,7 +2,7 @@
 // `paths` (operation, status, media type), never through a component name:
 // the spec may rename its schemas or move responses into
 // components/responses (both happened once) without any change here.
-import type { paths } from "./schema.js";
+import type { components, paths } from "./schema.js";
 
 /**
  * The media types of the API's JSON bodies: `application/json`,
@@ -40,8 +40,18 @@ export type FinalizeTurnResponse = JsonBody<FinalizeTurnOp["responses"][200]>;
 /** A finalized turn; `user_query_en` / `final_answer_en` when it has English copies. */
 export type Turn = FinalizeTurnResponse["turn"];
 
-/** The query parameters of get_history, as the spec states them. */
-type HistoryQuery = NonNullable<GetHistoryOp["parameters"]["query"]>;
+/** The query parameters of get_history, as the spec states them, but for
+ * `encoding`: one of the built-in encodings the checked-in document lists,
+ * or the name of a tokenizer a server loaded (`TURNSTORE_TOKENIZERS_DIR`;
+ * that server's own document lists them). */
+type HistoryQuery = Omit<NonNullable<GetHistoryOp["parameters"]["query"]>, "encoding"> & {
+  encoding?: Encoding | (string & {});
+};
+/** A built-in encoding's name. */
+export type Encoding = components["schemas"]["Encoding"];
+/** The query as the generated types state it (built-in encodings only):
+ * what the client hands openapi-fetch, a loaded tokenizer's name cast. */
+export type WireHistoryQuery = NonNullable<GetHistoryOp["parameters"]["query"]>;
 
 /**
  * How to select and render a history: the query parameters of get_history,

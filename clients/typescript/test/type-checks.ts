@@ -34,6 +34,10 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   const messages: OpenAI.Chat.Completions.ChatCompletionMessageParam[] = chatMessages({ userQuery: "q" });
   void messages;
 
+  // A loaded tokenizer's name is an encoding too; built-in ones complete.
+  await client.getHistory("s", { encoding: "llama3" });
+  await client.getHistory("s", { encoding: "o200k_base" });
+
   // The history's type follows the format asked for.
   const text = await client.getHistory("s");
   const rendered: string = text.rendered;
