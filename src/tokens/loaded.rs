@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::Encoding;
 
-/// A tokenizer file is at most this large (Llama 3's is 9 MB, Gemma's 34).
+/// A tokenizer file is at most this large (Llama 3's is 9 MB, Qwen 2.5's 7).
 const MAX_FILE_BYTES: u64 = 64 << 20;
 /// At most this many tokenizers a server loads.
 const MAX_TOKENIZERS: usize = 64;
