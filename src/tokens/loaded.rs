@@ -5,9 +5,11 @@
 //! `encoding=NAME` (or through the model table); it counts with the
 //! `tokenizers` crate, Hugging Face's own implementation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
+
+use turnstore_bpe::{Pattern, Ranks, Splitter};
 
 use super::Encoding;
 
@@ -15,6 +17,28 @@ use super::Encoding;
 const MAX_FILE_BYTES: u64 = 64 << 20;
 /// At most this many tokenizers a server loads.
 const MAX_TOKENIZERS: usize = 64;
+
+/// Texts every tokenizer counts at load (one that cannot is broken), and
+/// on which tiktoken's counter must agree with a tokenizer of its kind.
+const PROBES: [&str; 8] = [
+    "Hello, world! 12345 héllo 😀\n\n  code() {}",
+    "What does the retriever return? The top 20 chunks, re-ranked.",
+    "Größenänderung, ça marche ; 東京の天気は晴れです。 Привет! مرحبا שלום 👍🏽🎉",
+    "   leading\tand\ttabs\n\n\n trailing   \n    indented\n\t\tmore  ",
+    "fn main() {\n    println!(\"{}\", 42);\n}\n```python\ndef f(x):\n    return x ** 2\n```",
+    "<|begin_of_text|><|eot_id|> [INST] typed [/INST] <s></s> <|im_start|>user",
+    "1234567890 3.14159 -42 1e10 0xFF https://example.com/a?b=c&d=e#f it's we'll I'M",
+    "",
+];
+
+/// Llama 3's pre-tokenizer pattern as its `tokenizer.json` writes it:
+/// tiktoken's cl100k_base pattern (`turnstore_bpe`'s `Pattern::Cl100k`).
+const CL100K_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+thread_local! {
+    /// This thread's pre-tokenizer for tokenizers of tiktoken's kind.
+    static CL100K: Splitter = Splitter::new(Pattern::Cl100k);
+}
 
 /// What a read counts with: a built-in encoding, or a loaded tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +75,9 @@ pub struct LoadedTokenizer {
     /// Bytes of the longest token's text: a rendering longer than this
     /// many bytes a token counts more than that many tokens.
     longest: u64,
+    /// tiktoken's counter (`turnstore_bpe`) for a tokenizer of tiktoken's
+    /// kind (see [`tiktoken_kind`]): the same counts, about 8x faster.
+    ranks: Option<Ranks>,
 }
 
 impl std::fmt::Debug for LoadedTokenizer {
@@ -96,17 +123,31 @@ impl LoadedTokenizer {
             .max()
             .unwrap_or(1)
             .max(1);
-        let loaded = LoadedTokenizer {
+        let ranks = tiktoken_kind(json, &tokenizer);
+        let mut loaded = LoadedTokenizer {
             name: name.to_owned(),
             tokenizer,
             chat_template,
             memory: 0,
             longest,
+            ranks: None,
         };
         // A tokenizer that cannot count a plain text is broken.
-        loaded
-            .try_count("Hello, world! 12345 héllo 😀\n\n  code() {}")
-            .map_err(|e| format!("cannot count a text: {e}"))?;
+        let mut counts = Vec::with_capacity(PROBES.len());
+        for probe in PROBES {
+            counts.push(
+                loaded
+                    .try_count(probe)
+                    .map_err(|e| format!("cannot count a text: {e}"))?,
+            );
+        }
+        // tiktoken's counter only where it counts as the tokenizer does.
+        loaded.ranks = ranks.filter(|ranks| {
+            PROBES
+                .iter()
+                .zip(&counts)
+                .all(|(p, n)| CL100K.with(|s| ranks.count(s, p)) == *n)
+        });
         Ok(loaded)
     }
 
@@ -137,11 +178,19 @@ impl LoadedTokenizer {
             .map_err(|e| e.to_string())
     }
 
+    /// Whether it counts with tiktoken's counter (see [`tiktoken_kind`]).
+    pub fn counts_as_tiktoken(&self) -> bool {
+        self.ranks.is_some()
+    }
+
     /// Exact count of `text` as ordinary text, without the special tokens
     /// the tokenizer's template adds (a BOS, say). A text it cannot
     /// encode (none was found) counts as its bytes, an upper bound.
     pub fn count(&self, text: &str) -> u32 {
-        let n = self.try_count(text).unwrap_or(text.len());
+        let n = match &self.ranks {
+            Some(ranks) => CL100K.with(|s| ranks.count(s, text)),
+            None => self.try_count(text).unwrap_or(text.len()),
+        };
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 }
@@ -199,6 +248,7 @@ impl Tokenizers {
                 tokenizer = %name,
                 memory_bytes = loaded.memory,
                 chat_template = loaded.chat_template.is_some(),
+                tiktoken_kind = loaded.counts_as_tiktoken(),
                 "tokenizer loaded"
             );
             by_name.insert(name, Arc::new(loaded));
@@ -250,6 +300,81 @@ impl Tokenizers {
                 .collect(),
         }
     }
+}
+
+/// The ranks of a tokenizer of tiktoken's kind, which tiktoken's counter
+/// counts exactly as the tokenizer does: byte-level BPE over tiktoken's
+/// cl100k pattern, no normalizer, a piece found whole in the vocabulary
+/// one token (`ignore_merges`), no byte fallback, ids that are ranks
+/// (Llama 3's, converted from tiktoken). `None` for any other. The caller
+/// still compares the two counters on [`PROBES`].
+fn tiktoken_kind(json: &[u8], tokenizer: &tokenizers::Tokenizer) -> Option<Ranks> {
+    let v: serde_json::Value = serde_json::from_slice(json).ok()?;
+    let (pre, model) = (&v["pre_tokenizer"], &v["model"]);
+    let steps = pre["pretokenizers"].as_array()?;
+    let kind = v["normalizer"].is_null()
+        && pre["type"] == "Sequence"
+        && steps.len() == 2
+        && steps[0]["type"] == "Split"
+        && steps[0]["pattern"]["Regex"] == CL100K_PATTERN
+        && steps[0]["behavior"] == "Isolated"
+        && steps[0]["invert"] == false
+        && steps[1]["type"] == "ByteLevel"
+        && steps[1]["add_prefix_space"] == false
+        && steps[1]["use_regex"] == false
+        && model["type"] == "BPE"
+        && model["ignore_merges"] == true
+        && model["byte_fallback"] != true
+        && model["dropout"].is_null()
+        && model["continuing_subword_prefix"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty()
+        && model["end_of_word_suffix"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty();
+    if !kind {
+        return None;
+    }
+    let byte_of = byte_level_bytes();
+    let mut tokens: Vec<(Vec<u8>, u32)> = tokenizer
+        .get_vocab(false)
+        .into_iter()
+        .map(|(token, id)| {
+            let bytes: Option<Vec<u8>> = token.chars().map(|c| byte_of.get(&c).copied()).collect();
+            Some((bytes?, id))
+        })
+        .collect::<Option<_>>()?;
+    tokens.sort_by_key(|(_, id)| *id);
+    let mut block = Vec::new();
+    let mut lengths = Vec::with_capacity(tokens.len());
+    for (bytes, id) in tokens {
+        lengths.push((bytes.len() as u32, id));
+        block.extend(bytes);
+    }
+    Some(Ranks::new(block, lengths))
+}
+
+/// The byte each character of a byte-level vocabulary stands for (GPT-2's
+/// `bytes_to_unicode`, inverted): printable bytes as themselves, the
+/// others as U+0100 onwards, in order.
+fn byte_level_bytes() -> HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 0x100;
+    (0..=255u8)
+        .map(|b| {
+            if printable(b) {
+                (char::from(b), b)
+            } else {
+                next += 1;
+                (
+                    char::from_u32(next - 1).unwrap_or(char::REPLACEMENT_CHARACTER),
+                    b,
+                )
+            }
+        })
+        .collect()
 }
 
 /// A tokenizer's name: as a template's, and not a built-in encoding's.
@@ -342,6 +467,48 @@ pub(crate) mod tests {
         assert_eq!(t.count(" the"), 1);
         assert_eq!(t.count("hello"), 4); // Ġ he ll o: a space is added before
         assert_eq!(t.count(""), 0);
+    }
+
+    #[test]
+    fn the_byte_level_map_covers_every_byte_once() {
+        let map = byte_level_bytes();
+        assert_eq!(map.len(), 256);
+        assert_eq!(map[&'Ġ'], b' ');
+        assert_eq!(map[&'Ċ'], b'\n');
+        assert_eq!(map[&'a'], b'a');
+        let mut bytes: Vec<u8> = map.values().copied().collect();
+        bytes.sort();
+        bytes.dedup();
+        assert_eq!(bytes.len(), 256);
+    }
+
+    /// The real tokenizers (`scripts/fetch-tokenizers`; `scripts/test`
+    /// names where): Llama 3 counts with tiktoken's counter, exactly as
+    /// the `tokenizers` crate; Qwen 2.5 (one digit a piece, NFC) and
+    /// Llama 2 (SentencePiece) are not of its kind.
+    #[test]
+    fn llama3_counts_with_tiktoken_s_counter_exactly() {
+        let Some(dir) = std::env::var_os("TURNSTORE_TEST_TOKENIZERS") else {
+            eprintln!("TURNSTORE_TEST_TOKENIZERS unset (scripts/test sets it): skipped");
+            return;
+        };
+        let loaded = Tokenizers::load(Some(Path::new(&dir))).unwrap();
+        let llama3 = loaded.get("llama3").unwrap();
+        assert!(llama3.counts_as_tiktoken());
+        assert!(!loaded.get("qwen2_5").unwrap().counts_as_tiktoken());
+        assert!(!loaded.get("llama2").unwrap().counts_as_tiktoken());
+        let texts = PROBES.join(" \n");
+        for end in (0..texts.len())
+            .filter(|&i| texts.is_char_boundary(i))
+            .step_by(7)
+        {
+            let t = &texts[..end];
+            assert_eq!(
+                llama3.count(t) as usize,
+                llama3.try_count(t).unwrap(),
+                "{t:?}"
+            );
+        }
     }
 
     #[test]
