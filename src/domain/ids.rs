@@ -21,6 +21,15 @@ pub fn is_identifier(s: &str) -> bool {
     }
 }
 
+/// `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`: the name of an operator's file
+/// (a template's, a tokenizer's), as requests name it.
+pub fn is_file_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.len() <= 64
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 macro_rules! identifier_pattern {
     () => {
         "^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"

@@ -3,5 +3,7 @@
 mod ids;
 mod text;
 
-pub use ids::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TurnId, UserId, is_identifier};
+pub use ids::{
+    IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TurnId, UserId, is_file_name, is_identifier,
+};
 pub use text::{FinalAnswer, SummaryText, TextError, UserQuery};

@@ -46,7 +46,6 @@ pub fn cut(uncut: Uncut<'_>, format: Format, max_tokens: u32, count: impl Fn(&st
         reserved_first,
     } = uncut;
     let reserved = usize::from(reserved_first && !turns.is_empty());
-    let run = turns.len() - reserved;
     let offers = usize::from(summary.is_some()) + turns.len();
     // The rendering of the first `j` offers, and its count.
     let take = |j: usize| -> (bool, Vec<SelectedTurn>) {
@@ -79,7 +78,7 @@ pub fn cut(uncut: Uncut<'_>, format: Format, max_tokens: u32, count: impl Fn(&st
     // turn too when nothing is kept.
     let newest = kept.len().saturating_sub(reserved);
     let from = if kept.is_empty() { 0 } else { reserved };
-    let dropped = turns[from..reserved + run - newest.min(run)].to_vec();
+    let dropped = turns[from..turns.len() - newest].to_vec();
     Cut {
         summary: with_summary,
         turns: kept,

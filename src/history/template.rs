@@ -40,6 +40,7 @@ pub use sandbox::{FUEL, MAX_OUTPUT_BYTES, RECURSION_LIMIT};
 pub use selector::{TemplateSelection, TemplateSelector, max_rendering_bytes, select_template};
 
 use super::candidate::SelectedTurn;
+use crate::domain::is_file_name;
 use crate::tokens::Encoding;
 use builtins::Native;
 use joints::{Counter, Run};
@@ -309,7 +310,7 @@ impl Templates {
             let at = |line: Option<usize>, message: &str| {
                 format!("{}:{}: {message}", path.display(), line.unwrap_or(1))
             };
-            if !is_template_name(&name) {
+            if !is_file_name(&name) {
                 return Err(at(
                     None,
                     "a template name must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
@@ -375,14 +376,6 @@ fn read_source(path: &Path) -> Result<String, String> {
     }
     let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
     String::from_utf8(bytes).map_err(|_| "a template must be UTF-8".to_owned())
-}
-
-/// `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`.
-fn is_template_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && name.len() <= 64
-        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 #[cfg(test)]

@@ -286,10 +286,11 @@ impl Reading {
             .summary
             .as_ref()
             .filter(|_| selection.summary)
-            .map(|s| s.text.clone());
+            .map(|s| s.text.as_str());
+        let had_summary = summary.is_some();
         let cut = exact::cut(
             exact::Uncut {
-                summary: summary.as_deref(),
+                summary,
                 turns: selection.turns,
                 reserved_first: self.options.keep_first,
             },
@@ -297,7 +298,7 @@ impl Reading {
             max_tokens,
             |text| tokenizer.count(text),
         );
-        let trimmed = !cut.dropped.is_empty() || (summary.is_some() && !cut.summary);
+        let trimmed = !cut.dropped.is_empty() || (had_summary && !cut.summary);
         // The store stopped at the bytes `max_tokens` tokens can hold: the
         // turn it stopped at does not fit in tokens either.
         let ours = self.options.max_bytes < max_bytes;

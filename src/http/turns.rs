@@ -324,18 +324,15 @@ pub async fn start_turn(
     app.metrics.turn_started(started.replayed);
 
     let history = match (started.history, &start.history) {
-        (Some(mut h), Some(reading)) if reading.counts_in_store() => {
-            // The turn is written: a failure to count leaves the tokens unknown.
-            let _ =
-                unsummarized_tokens(&*app.store, &start.session_id, &mut h, &reading.options).await;
-            Some(HistoryResponse::build(
-                start.session_id.as_str(),
-                h,
-                reading,
-            ))
-        }
-        (Some(h), Some(reading)) => {
-            let h = reading.cut_apart(h).await?;
+        (Some(mut h), Some(reading)) => {
+            if reading.counts_in_store() {
+                // The turn is written: a failure to count leaves the tokens unknown.
+                let _ =
+                    unsummarized_tokens(&*app.store, &start.session_id, &mut h, &reading.options)
+                        .await;
+            } else {
+                h = reading.cut_apart(h).await?;
+            }
             Some(HistoryResponse::build(
                 start.session_id.as_str(),
                 h,

@@ -9,9 +9,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
+use tokenizers::ModelWrapper;
 use turnstore_bpe::{Pattern, Ranks, Splitter};
 
 use super::Encoding;
+use crate::domain::is_file_name;
 
 /// A tokenizer file is at most this large (Llama 3's is 9 MB, Qwen 2.5's 7).
 const MAX_FILE_BYTES: u64 = 64 << 20;
@@ -123,7 +125,7 @@ impl LoadedTokenizer {
             .max()
             .unwrap_or(1)
             .max(1);
-        let ranks = tiktoken_kind(json, &tokenizer);
+        let ranks = tiktoken_kind(&tokenizer);
         let mut loaded = LoadedTokenizer {
             name: name.to_owned(),
             tokenizer,
@@ -308,11 +310,14 @@ impl Tokenizers {
 /// one token (`ignore_merges`), no byte fallback, ids that are ranks
 /// (Llama 3's, converted from tiktoken). `None` for any other. The caller
 /// still compares the two counters on [`PROBES`].
-fn tiktoken_kind(json: &[u8], tokenizer: &tokenizers::Tokenizer) -> Option<Ranks> {
-    let v: serde_json::Value = serde_json::from_slice(json).ok()?;
-    let (pre, model) = (&v["pre_tokenizer"], &v["model"]);
+fn tiktoken_kind(tokenizer: &tokenizers::Tokenizer) -> Option<Ranks> {
+    let ModelWrapper::BPE(bpe) = tokenizer.get_model() else {
+        return None;
+    };
+    // Its pre-tokenizer as its file writes it (small, unlike the model).
+    let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
     let steps = pre["pretokenizers"].as_array()?;
-    let kind = v["normalizer"].is_null()
+    let kind = tokenizer.get_normalizer().is_none()
         && pre["type"] == "Sequence"
         && steps.len() == 2
         && steps[0]["type"] == "Split"
@@ -322,18 +327,15 @@ fn tiktoken_kind(json: &[u8], tokenizer: &tokenizers::Tokenizer) -> Option<Ranks
         && steps[1]["type"] == "ByteLevel"
         && steps[1]["add_prefix_space"] == false
         && steps[1]["use_regex"] == false
-        && model["type"] == "BPE"
-        && model["ignore_merges"] == true
-        && model["byte_fallback"] != true
-        && model["dropout"].is_null()
-        && model["continuing_subword_prefix"]
-            .as_str()
+        && bpe.ignore_merges
+        && !bpe.byte_fallback
+        && bpe.dropout.is_none()
+        && bpe
+            .continuing_subword_prefix
+            .as_deref()
             .unwrap_or("")
             .is_empty()
-        && model["end_of_word_suffix"]
-            .as_str()
-            .unwrap_or("")
-            .is_empty();
+        && bpe.end_of_word_suffix.as_deref().unwrap_or("").is_empty();
     if !kind {
         return None;
     }
@@ -379,15 +381,7 @@ fn byte_level_bytes() -> HashMap<char, u8> {
 
 /// A tokenizer's name: as a template's, and not a built-in encoding's.
 fn check_name(name: &str) -> Result<(), String> {
-    let ok = name.len() <= 64
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-    if !ok {
+    if !is_file_name(name) {
         return Err(format!(
             "`{name}` is not a tokenizer name: 1 to 64 of A-Z, a-z, 0-9, '.', '_', '-', beginning with a letter or digit"
         ));

@@ -195,7 +195,7 @@ fn load_refuses_bad_names_shadows_and_huge_or_binary_files() {
         );
     }
     let ok = "a".repeat(64);
-    assert!(is_template_name(&ok) && is_template_name("A.b_c-9"));
+    assert!(is_file_name(&ok) && is_file_name("A.b_c-9"));
 
     let (err, _) = load_one("big.jinja", &vec![b' '; 300 * 1024]);
     assert!(err.ends_with("a template is at most 256 KiB"), "{err}");
