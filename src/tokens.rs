@@ -22,8 +22,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod counter;
+mod kinds;
 mod loaded;
 mod models;
+mod parts;
 
 pub use loaded::{Counting, LoadedTokenizer, Tokenizers};
 pub use models::{Models, Resolved, UnknownModel};

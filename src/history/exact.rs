@@ -3,87 +3,215 @@
 //! loaded Hugging Face tokenizer: a SentencePiece one's leading space,
 //! say; see `tokens::LoadedTokenizer`). `select.rs` sums counts of parts
 //! taken where they stand in a tiktoken rendering; here a selection made
-//! without a token bound is cut back to what the rule keeps, counting
-//! renderings whole.
+//! without a token bound is cut back to what the rule keeps.
 //!
 //! The rule is the same: candidates are offered in order (the summary,
 //! the reserved first turn with `keep_first`, then the newest turns), and
 //! the first that does not fit stops the selection. The longest run of
 //! offers whose rendering fits is found by bisection, as counts grow with
 //! what is added to a rendering: a count of every prefix would be
-//! quadratic in the selection.
+//! quadratic in the selection. A rendering is counted whole, or from
+//! counts of its parts where the tokenizer's add up ([`Sums`]): those of
+//! each message, or of the `text` rendering cut at its joints.
 
 use super::candidate::SelectedTurn;
-use super::format::Format;
+use super::format::{Format, MESSAGE_OVERHEAD};
+use crate::tokens::{HEADER, SUMMARY_HEADER, SUMMARY_MESSAGE};
 
 /// A selection to cut back: the summary it begins with and its turns,
 /// oldest first (the first the reserved one when `reserved_first`).
 pub struct Uncut<'a> {
     pub summary: Option<&'a str>,
-    pub turns: Vec<SelectedTurn>,
+    pub turns: &'a [SelectedTurn],
     pub reserved_first: bool,
 }
 
-/// What the rule keeps of an [`Uncut`] selection.
-#[derive(Debug)]
-pub struct Cut {
+/// The offers a rendering takes: the summary or not, the reserved first
+/// turn or not, and the newest `newest` turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
     pub summary: bool,
-    /// Oldest first.
-    pub turns: Vec<SelectedTurn>,
-    /// The rendering's count.
-    pub token_count: u32,
-    /// The turns left out, oldest first: a run just below the newest
-    /// kept (and above the reserved first turn, unless nothing is kept).
-    pub dropped: Vec<SelectedTurn>,
+    pub reserved: bool,
+    pub newest: usize,
 }
 
-/// Cuts `uncut` back to the longest run of its offers whose rendering in
-/// `format` counts at most `max_tokens` with `count`.
-pub fn cut(uncut: Uncut<'_>, format: Format, max_tokens: u32, count: impl Fn(&str) -> u32) -> Cut {
-    let Uncut {
-        summary,
-        turns,
-        reserved_first,
-    } = uncut;
-    let reserved = usize::from(reserved_first && !turns.is_empty());
-    let offers = usize::from(summary.is_some()) + turns.len();
-    // The rendering of the first `j` offers, and its count.
-    let take = |j: usize| -> (bool, Vec<SelectedTurn>) {
-        let with_summary = summary.is_some() && j >= 1;
-        let turns_taken = j - usize::from(summary.is_some()).min(j);
-        let mut kept: Vec<SelectedTurn> = turns[..reserved.min(turns_taken)].to_vec();
-        let newest = turns_taken.saturating_sub(reserved);
-        kept.extend_from_slice(&turns[turns.len() - newest..]);
-        (with_summary, kept)
-    };
-    let counted = |j: usize| -> u32 {
-        let (with_summary, kept) = take(j);
-        let s = summary.filter(|_| with_summary);
-        format.render(s, kept).count_with(&count, s)
+impl Taken {
+    /// The indices of its turns among `len`, oldest first.
+    pub fn turns(self, len: usize) -> impl Iterator<Item = usize> {
+        (0..usize::from(self.reserved)).chain(len - self.newest..len)
+    }
+
+    /// `turns` (all the offered ones) apart: those it takes, and those it
+    /// leaves (a run just below the newest taken and above the reserved).
+    pub fn split(self, mut turns: Vec<SelectedTurn>) -> (Vec<SelectedTurn>, Vec<SelectedTurn>) {
+        let newest = turns.split_off(turns.len() - self.newest);
+        let mut kept: Vec<SelectedTurn> = turns.drain(..usize::from(self.reserved)).collect();
+        kept.extend(newest);
+        (kept, turns)
+    }
+}
+
+/// What the rule keeps of an [`Uncut`] selection, and its count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    pub taken: Taken,
+    pub token_count: u32,
+}
+
+/// Cuts `uncut` back to the longest run of its offers whose rendering
+/// counts at most `max_tokens` by `count`.
+pub fn cut(uncut: &Uncut<'_>, max_tokens: u32, count: impl Fn(Taken) -> u32) -> Cut {
+    let turns = uncut.turns.len();
+    let reserved = usize::from(uncut.reserved_first && turns > 0);
+    let with_summary = usize::from(uncut.summary.is_some());
+    // What the first `j` offers are.
+    let take = |j: usize| {
+        let taken_turns = j - with_summary.min(j);
+        Taken {
+            summary: with_summary == 1 && j >= 1,
+            reserved: reserved == 1 && taken_turns >= 1,
+            newest: taken_turns.saturating_sub(reserved),
+        }
     };
     // The largest j whose rendering fits: 0 always does (nothing at all).
-    let (mut fits, mut over) = (0, offers + 1);
+    let (mut fits, mut over) = (0, with_summary + turns + 1);
     let mut fits_count = 0;
     while over - fits > 1 {
         let mid = fits + (over - fits) / 2;
-        let n = counted(mid);
+        let n = count(take(mid));
         if n <= max_tokens {
             (fits, fits_count) = (mid, n);
         } else {
             over = mid;
         }
     }
-    let (with_summary, kept) = take(fits);
-    // Those not kept: the run below the newest kept, and the reserved
-    // turn too when nothing is kept.
-    let newest = kept.len().saturating_sub(reserved);
-    let from = if kept.is_empty() { 0 } else { reserved };
-    let dropped = turns[from..turns.len() - newest].to_vec();
     Cut {
-        summary: with_summary,
-        turns: kept,
+        taken: take(fits),
         token_count: fits_count,
-        dropped,
+    }
+}
+
+/// The count of what `uncut` renders in `format` when `taken`, counted
+/// whole by `count`.
+pub fn whole(uncut: &Uncut<'_>, format: Format, taken: Taken, count: impl Fn(&str) -> u32) -> u32 {
+    let turns = taken
+        .turns(uncut.turns.len())
+        .map(|i| uncut.turns[i].clone())
+        .collect();
+    let summary = uncut.summary.filter(|_| taken.summary);
+    format.render(summary, turns).count_with(count, summary)
+}
+
+/// The counts of the parts of `uncut`'s renderings in a format, for a
+/// tokenizer whose counts of them add up to its count of a rendering:
+/// `messages` counts each message alone; the `text` rendering (and
+/// `turns`, budgeted as `text`) is cut at its joints, each just after a
+/// "\n" and before a letter or "#":
+///
+/// ```text
+/// ### Conversation summary:\n{summary}\n\n | ### Conversation history:\n |
+/// User: {q}\n | Assistant: {a}\n\n | User: {q}\n | Assistant: {a}
+/// ```
+///
+/// the first part counted as at the start of a text, the others as after
+/// a newline (see `tokens::LoadedTokenizer::count_part`).
+#[derive(Debug)]
+pub struct Sums {
+    messages: bool,
+    /// The summary's part: alone, and followed by turns.
+    summary: [u32; 2],
+    /// The history's header: first, and after the summary.
+    header: [u32; 2],
+    /// A turn's user part (user message).
+    user: Vec<u32>,
+    /// A turn's assistant part followed by another turn (or its message).
+    answer: Vec<u32>,
+    /// The assistant part of the first and of the newest turn, as the
+    /// last of a rendering (the only turns that can be).
+    last: [u32; 2],
+}
+
+impl Sums {
+    /// The counts `part` gives of each part (`count_part`'s arguments: the
+    /// pieces of its text, and whether it stands after a newline), or
+    /// `None` when it has not one of them.
+    pub fn of(
+        uncut: &Uncut<'_>,
+        format: Format,
+        part: impl Fn(&[&str], bool) -> Option<u32>,
+    ) -> Option<Sums> {
+        let messages = format == Format::Messages;
+        let mut sums = Sums {
+            messages,
+            summary: [0; 2],
+            header: [0; 2],
+            user: Vec::with_capacity(uncut.turns.len()),
+            answer: Vec::with_capacity(uncut.turns.len()),
+            last: [0; 2],
+        };
+        if messages {
+            if let Some(s) = uncut.summary {
+                sums.summary[0] = part(&[SUMMARY_MESSAGE, s], false)?;
+            }
+            for t in uncut.turns {
+                sums.user.push(part(&[&t.turn.user_query], false)?);
+                sums.answer.push(part(&[&t.turn.final_answer], false)?);
+            }
+            return Some(sums);
+        }
+        if let Some(s) = uncut.summary {
+            sums.summary = [
+                part(&[SUMMARY_HEADER, s], false)?,
+                part(&[SUMMARY_HEADER, s, "\n\n"], false)?,
+            ];
+        }
+        if let (Some(first), Some(newest)) = (uncut.turns.first(), uncut.turns.last()) {
+            sums.header = [part(&[HEADER], false)?, part(&[HEADER], true)?];
+            sums.last = [
+                part(&["Assistant: ", &first.turn.final_answer], true)?,
+                part(&["Assistant: ", &newest.turn.final_answer], true)?,
+            ];
+        }
+        for t in uncut.turns {
+            sums.user
+                .push(part(&["User: ", &t.turn.user_query, "\n"], true)?);
+            sums.answer
+                .push(part(&["Assistant: ", &t.turn.final_answer, "\n\n"], true)?);
+        }
+        Some(sums)
+    }
+
+    /// The count of the rendering of what `taken` takes.
+    pub fn count(&self, taken: Taken) -> u32 {
+        let len = self.user.len();
+        let add = |a: u32, b: u32| a.saturating_add(b);
+        if self.messages {
+            let summary = if taken.summary {
+                add(self.summary[0], MESSAGE_OVERHEAD)
+            } else {
+                0
+            };
+            return taken.turns(len).fold(summary, |n, i| {
+                add(n, add(self.user[i], self.answer[i])).saturating_add(2 * MESSAGE_OVERHEAD)
+            });
+        }
+        if !taken.reserved && taken.newest == 0 {
+            return if taken.summary { self.summary[0] } else { 0 };
+        }
+        let head = if taken.summary {
+            add(self.summary[1], self.header[1])
+        } else {
+            self.header[0]
+        };
+        let last = if taken.newest > 0 { len - 1 } else { 0 };
+        taken.turns(len).fold(head, |n, i| {
+            let answer = match i == last {
+                false => self.answer[i],
+                true if i == len - 1 => self.last[1],
+                true => self.last[0],
+            };
+            add(n, add(self.user[i], answer))
+        })
     }
 }
 
@@ -129,7 +257,49 @@ mod tests {
         (with_summary, seqs, n)
     }
 
+    /// A turn of each pair of texts, seq 1 onwards.
+    fn turns_of(texts: &[(String, String)]) -> Vec<SelectedTurn> {
+        texts
+            .iter()
+            .enumerate()
+            .map(|(i, (q, a))| turn(i as u64 + 1, q, a))
+            .collect()
+    }
+
+    /// `words` of a text as it stands after a newline, or first.
+    fn words_after(pieces: &[&str], after_newline: bool) -> Option<u32> {
+        let text = pieces.concat();
+        Some(match after_newline {
+            true => words(&format!("\n{text}")) - words("\n"),
+            false => words(&text),
+        })
+    }
+
     proptest! {
+        /// `words` adds up where a text rendering is cut (its joints are
+        /// before letters, which a space never is): sums of its parts are
+        /// counts of whole renderings, for whatever is taken.
+        #[test]
+        fn sums_of_parts_are_counts_of_whole_renderings(
+            texts in prop::collection::vec(("[a-z \n]{0,12}", "[a-z \n]{0,12}"), 0..8),
+            summary in prop::option::of("[a-z \n]{1,20}"),
+            reserved_first in any::<bool>(),
+            format in prop::sample::select(Format::ALL.to_vec()),
+            with_summary in any::<bool>(),
+            newest in 0usize..8,
+        ) {
+            let turns = turns_of(&texts);
+            let uncut = Uncut { summary: summary.as_deref(), turns: &turns, reserved_first };
+            let reserved = reserved_first && !turns.is_empty();
+            let taken = Taken {
+                summary: with_summary && summary.is_some(),
+                reserved,
+                newest: newest.min(turns.len() - usize::from(reserved)),
+            };
+            let sums = Sums::of(&uncut, format, words_after).unwrap();
+            prop_assert_eq!(sums.count(taken), whole(&uncut, format, taken, words));
+        }
+
         #[test]
         fn the_cut_keeps_what_the_rule_keeps(
             texts in prop::collection::vec(("[a-z ]{0,12}", "[a-z ]{0,12}"), 0..12),
@@ -138,19 +308,16 @@ mod tests {
             format in prop::sample::select(Format::ALL.to_vec()),
             max in 0u32..80,
         ) {
-            let turns: Vec<SelectedTurn> = texts
-                .iter()
-                .enumerate()
-                .map(|(i, (q, a))| turn(i as u64 + 1, q, a))
-                .collect();
-            let uncut = Uncut { summary: summary.as_deref(), turns: turns.clone(), reserved_first };
+            let turns = turns_of(&texts);
+            let uncut = Uncut { summary: summary.as_deref(), turns: &turns, reserved_first };
             let expected = by_definition(&uncut, format, max);
 
-            let cut = cut(uncut, format, max, words);
+            let cut = cut(&uncut, max, |taken| whole(&uncut, format, taken, words));
 
-            let seqs: Vec<u64> = cut.turns.iter().map(|t| t.turn.seq).collect();
-            prop_assert_eq!((cut.summary, seqs.clone(), cut.token_count), expected);
-            let mut all: Vec<u64> = cut.dropped.iter().map(|t| t.turn.seq).collect();
+            let (kept, dropped) = cut.taken.split(turns.clone());
+            let seqs: Vec<u64> = kept.iter().map(|t| t.turn.seq).collect();
+            prop_assert_eq!((cut.taken.summary, seqs.clone(), cut.token_count), expected);
+            let mut all: Vec<u64> = dropped.iter().map(|t| t.turn.seq).collect();
             all.extend(&seqs);
             all.sort();
             all.dedup();

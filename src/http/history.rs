@@ -13,13 +13,12 @@ use super::AppState;
 use super::accept::Body;
 use super::error::{ApiError, ProblemCode};
 use super::extract::QueryParams;
+pub use super::reading::Reading;
 use super::sessions::SessionPath;
 use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{
-    Format, Message, Options, Rendering, SelectedTurn, Selection, StoppedBy, exact,
-};
+use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy};
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::{Counting, Encoding, Resolved};
@@ -212,130 +211,6 @@ impl HistoryParams {
             );
         }
         Ok(Reading::new(options, counting))
-    }
-}
-
-/// A read's options, and what counts it. A loaded tokenizer's counts of
-/// parts need not add up (see `history::exact`): the store then selects
-/// without the token bound, in the default encoding, bounded by `limit`
-/// and by the bytes `max_tokens` of its tokens can hold, and the
-/// selection is cut back here on counts of whole renderings.
-#[derive(Debug, Clone)]
-pub struct Reading {
-    /// What the store is asked.
-    pub options: Options,
-    pub counting: Counting,
-    /// The read's own `max_tokens` and `max_bytes`, for a loaded tokenizer.
-    bounds: Option<(u32, u64)>,
-}
-
-impl Reading {
-    fn new(mut options: Options, counting: Counting) -> Self {
-        let bounds = match &counting {
-            Counting::Builtin(encoding) => {
-                options.encoding = *encoding;
-                None
-            }
-            Counting::Loaded(tokenizer) => {
-                let bounds = (options.max_tokens, options.max_bytes);
-                options.max_bytes = options
-                    .max_bytes
-                    .min(tokenizer.bytes_within(options.max_tokens));
-                options.max_tokens = u32::MAX;
-                Some(bounds)
-            }
-        };
-        Reading {
-            options,
-            counting,
-            bounds,
-        }
-    }
-
-    /// Whether the store's counts are the read's (its encoding is built in).
-    pub fn counts_in_store(&self) -> bool {
-        self.bounds.is_none()
-    }
-
-    /// [`Reading::cut`] on the blocking pool: counts of whole renderings
-    /// take time (a count a bisection step).
-    pub async fn cut_apart(&self, mut stored: StoredHistory) -> Result<StoredHistory, ApiError> {
-        if self.counts_in_store() {
-            return Ok(stored);
-        }
-        let reading = self.clone();
-        tokio::task::spawn_blocking(move || {
-            reading.cut(&mut stored);
-            stored
-        })
-        .await
-        .map_err(|_| ApiError::INTERNAL)
-    }
-
-    /// The store's selection, cut back to the read's `max_tokens` when a
-    /// loaded tokenizer counts it; what it leaves out is unsummarized
-    /// (and the tokens of the unsummarized turns unknown).
-    fn cut(&self, stored: &mut StoredHistory) {
-        let (Counting::Loaded(tokenizer), Some((max_tokens, max_bytes))) =
-            (&self.counting, self.bounds)
-        else {
-            return;
-        };
-        let selection = std::mem::take(&mut stored.selection);
-        let summary = stored
-            .summary
-            .as_ref()
-            .filter(|_| selection.summary)
-            .map(|s| s.text.as_str());
-        let had_summary = summary.is_some();
-        let cut = exact::cut(
-            exact::Uncut {
-                summary,
-                turns: selection.turns,
-                reserved_first: self.options.keep_first,
-            },
-            self.options.format,
-            max_tokens,
-            |text| tokenizer.count(text),
-        );
-        let trimmed = !cut.dropped.is_empty() || (had_summary && !cut.summary);
-        // The store stopped at the bytes `max_tokens` tokens can hold: the
-        // turn it stopped at does not fit in tokens either.
-        let ours = self.options.max_bytes < max_bytes;
-        let stopped_by = match selection.stopped_by {
-            _ if trimmed => Some(StoppedBy::MaxTokens),
-            Some(StoppedBy::MaxBytes) if ours => Some(StoppedBy::MaxTokens),
-            other => other,
-        };
-        let dropped_bytes: u64 = cut
-            .dropped
-            .iter()
-            .map(|t| (t.turn.user_query.len() + t.turn.final_answer.len()) as u64)
-            .sum();
-        if let (Some(oldest), Some(newest)) = (cut.dropped.first(), cut.dropped.last()) {
-            let (from, to) = (oldest.turn.seq, newest.turn.seq);
-            let u = stored.unsummarized.get_or_insert(Unsummarized {
-                after_seq: from.saturating_sub(1),
-                through_seq: to,
-                turns: 0,
-                tokens: None,
-            });
-            u.turns += cut.dropped.len() as u64;
-            u.through_seq = u.through_seq.max(to);
-        }
-        if let Some(u) = stored.unsummarized.as_mut() {
-            u.tokens = None;
-        }
-        if !cut.summary {
-            stored.summary = None;
-        }
-        stored.selection = Selection {
-            summary: cut.summary,
-            turns: cut.turns,
-            token_count: cut.token_count,
-            bytes: selection.bytes.saturating_sub(dropped_bytes),
-            stopped_by,
-        };
     }
 }
 

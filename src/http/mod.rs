@@ -9,6 +9,7 @@ mod extract;
 mod history;
 mod imports;
 mod ops;
+mod reading;
 mod sessions;
 mod spec;
 mod summaries;

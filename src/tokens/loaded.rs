@@ -5,14 +5,15 @@
 //! `encoding=NAME` (or through the model table); it counts with the
 //! `tokenizers` crate, Hugging Face's own implementation.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use tokenizers::ModelWrapper;
 use turnstore_bpe::{Pattern, Ranks, Splitter};
 
 use super::Encoding;
+use super::kinds::{adds_up, tiktoken_kind};
+use super::parts::PartCounts;
 use crate::domain::is_file_name;
 
 /// A tokenizer file is at most this large (Llama 3's is 9 MB, Qwen 2.5's 7).
@@ -32,10 +33,6 @@ const PROBES: [&str; 8] = [
     "1234567890 3.14159 -42 1e10 0xFF https://example.com/a?b=c&d=e#f it's we'll I'M",
     "",
 ];
-
-/// Llama 3's pre-tokenizer pattern as its `tokenizer.json` writes it:
-/// tiktoken's cl100k_base pattern (`turnstore_bpe`'s `Pattern::Cl100k`).
-const CL100K_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 thread_local! {
     /// This thread's pre-tokenizer for tokenizers of tiktoken's kind.
@@ -80,6 +77,13 @@ pub struct LoadedTokenizer {
     /// tiktoken's counter (`turnstore_bpe`) for a tokenizer of tiktoken's
     /// kind (see [`tiktoken_kind`]): the same counts, about 8x faster.
     ranks: Option<Ranks>,
+    /// Whether its counts add up at the joints of a `text` rendering (see
+    /// [`adds_up`]), checked on the probes.
+    adds_up: bool,
+    /// Its count of "\n" alone.
+    newline: u32,
+    /// Counts of the parts of renderings it counted.
+    parts: PartCounts,
 }
 
 impl std::fmt::Debug for LoadedTokenizer {
@@ -126,6 +130,7 @@ impl LoadedTokenizer {
             .unwrap_or(1)
             .max(1);
         let ranks = tiktoken_kind(&tokenizer);
+        let adds_up = adds_up(&tokenizer);
         let mut loaded = LoadedTokenizer {
             name: name.to_owned(),
             tokenizer,
@@ -133,6 +138,9 @@ impl LoadedTokenizer {
             memory: 0,
             longest,
             ranks: None,
+            adds_up: false,
+            newline: 0,
+            parts: PartCounts::default(),
         };
         // A tokenizer that cannot count a plain text is broken.
         let mut counts = Vec::with_capacity(PROBES.len());
@@ -150,7 +158,69 @@ impl LoadedTokenizer {
                 .zip(&counts)
                 .all(|(p, n)| CL100K.with(|s| ranks.count(s, p)) == *n)
         });
+        loaded.newline = loaded.count("\n");
+        loaded.adds_up = adds_up && loaded.sums_hold();
         Ok(loaded)
+    }
+
+    /// Whether its counts of the probes, and of a rendering of them, cut
+    /// at every joint (after a "\n", before what is not whitespace), add
+    /// up to its counts of them whole.
+    fn sums_hold(&self) -> bool {
+        let mut rendering = String::from(super::HEADER);
+        for pair in PROBES.chunks(2) {
+            rendering.push_str(&format!("User: {}\nAssistant: {}\n\n", pair[0], pair[1]));
+        }
+        PROBES.iter().chain([&rendering.as_str()]).all(|text| {
+            let mut sum = 0;
+            let mut from = 0;
+            for (i, _) in text.match_indices('\n') {
+                let next = text[i + 1..].chars().next();
+                if next.is_some_and(|c| !c.is_whitespace()) {
+                    sum += self.count_after(&text[from..=i], from > 0);
+                    from = i + 1;
+                }
+            }
+            sum += self.count_after(&text[from..], from > 0);
+            sum == self.count(text)
+        })
+    }
+
+    /// Its count of `text` as it stands after a newline (`after_newline`)
+    /// or at the start of a text.
+    fn count_after(&self, text: &str, after_newline: bool) -> u32 {
+        if !after_newline {
+            return self.count(text);
+        }
+        self.count(&format!("\n{text}"))
+            .saturating_sub(self.newline)
+    }
+
+    /// Whether its counts of the parts of a rendering in `format` add up
+    /// to its count of the rendering: always for `messages` (its count is
+    /// of each message alone), for the others when [`adds_up`].
+    pub fn adds_up_in(&self, format: crate::history::Format) -> bool {
+        self.adds_up || format == crate::history::Format::Messages
+    }
+
+    /// Its count of the text `pieces` make, as it stands at the start of
+    /// a text or (`after_newline`) after a newline ending what is before
+    /// it, from the counts kept of parts counted before; a part not kept
+    /// is counted (and kept) when `count`, else `None`.
+    pub fn count_part(&self, pieces: &[&str], after_newline: bool, count: bool) -> Option<u32> {
+        let newline = Some("\n").filter(|_| after_newline);
+        let key = self
+            .parts
+            .key(newline.into_iter().chain(pieces.iter().copied()));
+        if let Some(n) = self.parts.get(key) {
+            return Some(n);
+        }
+        if !count {
+            return None;
+        }
+        let n = self.count_after(&pieces.concat(), after_newline);
+        self.parts.put(key, n);
+        Some(n)
     }
 
     pub fn name(&self) -> &str {
@@ -251,6 +321,7 @@ impl Tokenizers {
                 memory_bytes = loaded.memory,
                 chat_template = loaded.chat_template.is_some(),
                 tiktoken_kind = loaded.counts_as_tiktoken(),
+                adds_up = loaded.adds_up,
                 "tokenizer loaded"
             );
             by_name.insert(name, Arc::new(loaded));
@@ -302,81 +373,6 @@ impl Tokenizers {
                 .collect(),
         }
     }
-}
-
-/// The ranks of a tokenizer of tiktoken's kind, which tiktoken's counter
-/// counts exactly as the tokenizer does: byte-level BPE over tiktoken's
-/// cl100k pattern, no normalizer, a piece found whole in the vocabulary
-/// one token (`ignore_merges`), no byte fallback, ids that are ranks
-/// (Llama 3's, converted from tiktoken). `None` for any other. The caller
-/// still compares the two counters on [`PROBES`].
-fn tiktoken_kind(tokenizer: &tokenizers::Tokenizer) -> Option<Ranks> {
-    let ModelWrapper::BPE(bpe) = tokenizer.get_model() else {
-        return None;
-    };
-    // Its pre-tokenizer as its file writes it (small, unlike the model).
-    let pre = serde_json::to_value(tokenizer.get_pre_tokenizer()?).ok()?;
-    let steps = pre["pretokenizers"].as_array()?;
-    let kind = tokenizer.get_normalizer().is_none()
-        && pre["type"] == "Sequence"
-        && steps.len() == 2
-        && steps[0]["type"] == "Split"
-        && steps[0]["pattern"]["Regex"] == CL100K_PATTERN
-        && steps[0]["behavior"] == "Isolated"
-        && steps[0]["invert"] == false
-        && steps[1]["type"] == "ByteLevel"
-        && steps[1]["add_prefix_space"] == false
-        && steps[1]["use_regex"] == false
-        && bpe.ignore_merges
-        && !bpe.byte_fallback
-        && bpe.dropout.is_none()
-        && bpe
-            .continuing_subword_prefix
-            .as_deref()
-            .unwrap_or("")
-            .is_empty()
-        && bpe.end_of_word_suffix.as_deref().unwrap_or("").is_empty();
-    if !kind {
-        return None;
-    }
-    let byte_of = byte_level_bytes();
-    let mut tokens: Vec<(Vec<u8>, u32)> = tokenizer
-        .get_vocab(false)
-        .into_iter()
-        .map(|(token, id)| {
-            let bytes: Option<Vec<u8>> = token.chars().map(|c| byte_of.get(&c).copied()).collect();
-            Some((bytes?, id))
-        })
-        .collect::<Option<_>>()?;
-    tokens.sort_by_key(|(_, id)| *id);
-    let mut block = Vec::new();
-    let mut lengths = Vec::with_capacity(tokens.len());
-    for (bytes, id) in tokens {
-        lengths.push((bytes.len() as u32, id));
-        block.extend(bytes);
-    }
-    Some(Ranks::new(block, lengths))
-}
-
-/// The byte each character of a byte-level vocabulary stands for (GPT-2's
-/// `bytes_to_unicode`, inverted): printable bytes as themselves, the
-/// others as U+0100 onwards, in order.
-fn byte_level_bytes() -> HashMap<char, u8> {
-    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-    let mut next = 0x100;
-    (0..=255u8)
-        .map(|b| {
-            if printable(b) {
-                (char::from(b), b)
-            } else {
-                next += 1;
-                (
-                    char::from_u32(next - 1).unwrap_or(char::REPLACEMENT_CHARACTER),
-                    b,
-                )
-            }
-        })
-        .collect()
 }
 
 /// A tokenizer's name: as a template's, and not a built-in encoding's.
@@ -461,11 +457,34 @@ pub(crate) mod tests {
         assert_eq!(t.count(" the"), 1);
         assert_eq!(t.count("hello"), 4); // Ġ he ll o: a space is added before
         assert_eq!(t.count(""), 0);
+        // A space added before each text: its parts do not add up.
+        assert!(!t.adds_up);
+        assert!(t.adds_up_in(crate::history::Format::Messages));
+        assert!(!t.adds_up_in(crate::history::Format::Text));
+    }
+
+    /// Parts are counted once, then kept: asked again without counting,
+    /// the count is at hand; a part never counted is not.
+    #[test]
+    fn counts_of_parts_are_kept() {
+        let t = LoadedTokenizer::from_json("tiny", TINY_JSON.as_bytes(), None).unwrap();
+        assert_eq!(t.count_part(&["the", " the"], false, false), None);
+        assert_eq!(
+            t.count_part(&["the", " the"], false, true),
+            Some(t.count("the the"))
+        );
+        assert_eq!(
+            t.count_part(&["the the"], false, false),
+            Some(t.count("the the"))
+        );
+        assert_eq!(t.count_part(&["the the"], true, false), None);
+        let after = t.count("\nthe the") - t.count("\n");
+        assert_eq!(t.count_part(&["the the"], true, true), Some(after));
     }
 
     #[test]
     fn the_byte_level_map_covers_every_byte_once() {
-        let map = byte_level_bytes();
+        let map = super::super::kinds::byte_level_bytes();
         assert_eq!(map.len(), 256);
         assert_eq!(map[&'Ġ'], b' ');
         assert_eq!(map[&'Ċ'], b'\n');
@@ -491,6 +510,10 @@ pub(crate) mod tests {
         assert!(llama3.counts_as_tiktoken());
         assert!(!loaded.get("qwen2_5").unwrap().counts_as_tiktoken());
         assert!(!loaded.get("llama2").unwrap().counts_as_tiktoken());
+        // Each adds up at the joints of a rendering (see `kinds::adds_up`).
+        for name in ["llama3", "qwen2_5", "llama2"] {
+            assert!(loaded.get(name).unwrap().adds_up, "{name}");
+        }
         let texts = PROBES.join(" \n");
         for end in (0..texts.len())
             .filter(|&i| texts.is_char_boundary(i))

@@ -100,6 +100,21 @@ async fn a_loaded_tokenizer_keeps_the_budget_exactly(backend: Backend) {
         count_of(&tiny, h)
     );
     assert!(h["token_count"].as_u64().unwrap() <= u64::from(budget));
+    // Reads at once, each counting on the blocking pool (a few at a
+    // time, the others waiting): every one answered, exactly.
+    let queries: Vec<String> = (0..12)
+        .map(|i| format!("encoding=tiny&format=text&max_tokens={}", budget + i % 3))
+        .collect();
+    let reads = queries.iter().map(|q| app.history_ok(&s, q));
+    for (i, h) in futures_util::future::join_all(reads)
+        .await
+        .iter()
+        .enumerate()
+    {
+        let n = h["token_count"].as_u64().unwrap();
+        assert_eq!(n as usize, count_of(&tiny, h), "{h}");
+        assert!(n <= u64::from(budget) + (i % 3) as u64, "{h}");
+    }
     let plain = app
         .http
         .get(app.url(&format!("/v1/sessions/{s}/history?encoding=tiny")))
@@ -231,8 +246,44 @@ async fn real_vocabularies_keep_the_budget_exactly(backend: Backend) {
             "{} is missing: run scripts/fetch-tokenizers",
             file.display()
         );
-        let all = sweep(&app, &s, name, &load(&file), CORPUS.len() as u64, 23).await;
+        let t = load(&file);
+        let all = sweep(&app, &s, name, &t, CORPUS.len() as u64, 23).await;
         assert!(all > 100, "{name}: {all}");
+        with_a_summary(&app, name, &t).await;
+    }
+}
+
+/// A history with a summary (of two multilingual turns) before six turns:
+/// read with it at every 17th budget, in `text` and `messages`, each
+/// count is a fresh count of what is returned, within the budget.
+async fn with_a_summary(app: &TestApp, encoding: &str, t: &Tokenizer) {
+    let s = sid();
+    for (q, a) in CORPUS {
+        app.complete(&s, q, a).await;
+    }
+    let summary = format!("{}\n{}", CORPUS[1].1, CORPUS[2].1);
+    let res = app
+        .http
+        .put(app.url(&format!("/v1/sessions/{s}/summary")))
+        .json(&json!({"summary": summary, "through_seq": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.text().await.unwrap());
+    for format in ["text", "messages"] {
+        let read = format!("encoding={encoding}&format={format}&summary=true");
+        let whole = app
+            .history_ok(&s, &format!("{read}&max_tokens=1000000"))
+            .await;
+        let all = whole["token_count"].as_u64().unwrap();
+        assert_eq!(whole["included_turns"], 6, "{whole}");
+        for max in (0..=all + 2).step_by(17) {
+            let q = format!("{read}&max_tokens={max}");
+            let h = app.history_ok(&s, &q).await;
+            let n = h["token_count"].as_u64().unwrap();
+            assert_eq!(n as usize, count_of(t, &h), "{q}: {h}");
+            assert!(n <= max, "{q}: {h}");
+        }
     }
 }
 
