@@ -21,12 +21,14 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+mod apart;
 mod counter;
 mod kinds;
 mod loaded;
 mod models;
 mod parts;
 
+pub use apart::apart;
 pub use loaded::{Counting, LoadedTokenizer, Tokenizers};
 pub use models::{Models, Resolved, UnknownModel};
 

@@ -1,23 +1,11 @@
 //! What a history read counts with, and the cut of a store's selection to
 //! a loaded tokenizer's counts (see `history::exact`).
 
-use std::sync::LazyLock;
-
-use tokio::sync::Semaphore;
-
 use super::error::ApiError;
 use crate::history::exact::{self, Sums, Uncut};
 use crate::history::{Options, Selection, StoppedBy};
 use crate::store::{StoredHistory, Unsummarized};
-use crate::tokens::Counting;
-
-/// How many reads count long texts on the blocking pool at once: one a
-/// core less one, at least one, so that a flood of them leaves the other
-/// requests a core. The others wait their turn.
-static COUNTING: LazyLock<Semaphore> = LazyLock::new(|| {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    Semaphore::new(cores.saturating_sub(1).max(1))
-});
+use crate::tokens::{Counting, apart};
 
 /// A read's options, and what counts it. A loaded tokenizer's counts of
 /// parts need not add up as the store sums them (see `history::exact`):
@@ -62,20 +50,18 @@ impl Reading {
     }
 
     /// [`Reading::cut`]: here when the tokenizer's counts of every part
-    /// are kept from earlier reads, else on the blocking pool (counts of
-    /// long texts take time), a few reads at a time.
+    /// are kept from earlier reads, else apart (`tokens::apart`: counts of
+    /// long texts take time).
     pub async fn cut_apart(&self, mut stored: StoredHistory) -> Result<StoredHistory, ApiError> {
         if self.counts_in_store() || self.cut(&mut stored, false) {
             return Ok(stored);
         }
-        let _turn = COUNTING.acquire().await.map_err(|_| ApiError::INTERNAL)?;
         let reading = self.clone();
-        tokio::task::spawn_blocking(move || {
+        Ok(apart(move || {
             reading.cut(&mut stored, true);
             stored
         })
-        .await
-        .map_err(|_| ApiError::INTERNAL)
+        .await)
     }
 
     /// Cuts the store's selection back to the read's `max_tokens` when a

@@ -128,11 +128,7 @@ pub async fn put_summary(
     let w = Write::parse(&path, body, &app.settings)?;
     let encoding = app.settings.encoding;
     let text = w.text.as_str().to_owned();
-    let tokens =
-        match tokio::task::spawn_blocking(move || SummaryTokens::count(encoding, &text)).await {
-            Ok(t) => t,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        };
+    let tokens = crate::tokens::apart(move || SummaryTokens::count(encoding, &text)).await;
     let stored = app
         .store
         .put_summary(SummaryWrite {

@@ -527,7 +527,7 @@ pub async fn abort_turn(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Texts longer than this are counted on the blocking pool: a 128 KiB
+/// Texts longer than this are counted apart (`tokens::apart`): a 128 KiB
 /// answer takes 5 to 130 ms (prose to one long whitespace run), which a
 /// worker must not spend while probes and other requests wait.
 const COUNT_INLINE_BYTES: usize = 16 * 1024;
@@ -542,13 +542,9 @@ where
         let c = count(&text);
         return (text, c);
     }
-    match tokio::task::spawn_blocking(move || {
+    crate::tokens::apart(move || {
         let c = count(&text);
         (text, c)
     })
     .await
-    {
-        Ok(done) => done,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
 }

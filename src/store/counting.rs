@@ -12,9 +12,9 @@ use crate::domain::SessionId;
 use crate::history::template::{Globals, Summary};
 use crate::history::{Candidate, Options, Picker, Prelude};
 use crate::store::{Store, StoreError, StoredHistory, StoredSummary};
-use crate::tokens::{AnswerTokens, QueryTokens, SummaryTokens};
+use crate::tokens::{AnswerTokens, QueryTokens, SummaryTokens, apart};
 
-/// Texts longer than this are counted on the blocking pool.
+/// Texts longer than this are counted apart (`tokens::apart`).
 const COUNT_INLINE_BYTES: usize = 16 * 1024;
 
 /// The read's selection, once the session's owner and the summary it
@@ -54,10 +54,7 @@ pub(crate) async fn prelude(summary: &StoredSummary, read: &Options) -> Prelude 
     }
     let (text, enc) = (summary.text.clone(), read.encoding);
     let tokens = if text.len() > COUNT_INLINE_BYTES {
-        match tokio::task::spawn_blocking(move || SummaryTokens::count(enc, &text)).await {
-            Ok(t) => t,
-            Err(e) => std::panic::resume_unwind(e.into_panic()),
-        }
+        apart(move || SummaryTokens::count(enc, &text)).await
     } else {
         SummaryTokens::count(enc, &text)
     };
@@ -116,7 +113,7 @@ pub(crate) async fn offer_all(
     sel
 }
 
-/// Maps `items` with `f` on the blocking pool, in slices of at most
+/// Maps `items` with `f` apart (`tokens::apart`), in slices of at most
 /// [`SLICE_TURNS`] items and [`SLICE_BYTES`] bytes (as `bytes` measures
 /// them): a request dropped at its timeout stops within a slice, where one
 /// blocking task would count on (an import's texts are counted so).
@@ -136,34 +133,26 @@ where
             slice.push(item);
         }
         let f = f.clone();
-        match tokio::task::spawn_blocking(move || slice.into_iter().map(f).collect::<Vec<U>>())
-            .await
-        {
-            Ok(done) => out.extend(done),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => panic!("the runtime shut down during a count"),
-        }
+        out.extend(apart(move || slice.into_iter().map(f).collect::<Vec<U>>()).await);
     }
     out
 }
 
-/// Runs `work` on `sel` on the blocking pool. A panic there is raised
+/// Runs `work` on `sel` apart (`tokens::apart`). A panic there is raised
 /// again here, as if it had happened in the request's task.
 async fn blocking(mut sel: Picker, work: impl FnOnce(&mut Picker) + Send + 'static) -> Picker {
-    match tokio::task::spawn_blocking(move || {
+    apart(move || {
         work(&mut sel);
         sel
     })
     .await
-    {
-        Ok(sel) => sel,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => panic!("the runtime shut down during a read"),
-    }
 }
 
-/// Turns a page of `unsummarized_tokens` reads.
+/// Turns, and bytes of their texts, a page of `unsummarized_tokens` reads:
+/// a page is one Redis command, kept short (4 MiB in one took 50 ms under
+/// four such reads at once, `bench/limits`; 1 MiB as an export's page).
 const UNSUMMARIZED_PAGE_TURNS: usize = 256;
+const UNSUMMARIZED_PAGE_BYTES: u64 = 1024 * 1024;
 /// Bytes of text a token of the read's budget lets `unsummarized_tokens`
 /// read (about what a token holds in English).
 const BYTES_PER_TOKEN: u64 = 4;
@@ -197,7 +186,9 @@ pub(crate) async fn unsummarized_tokens(
         .filter(|s| read.keep_first && *s > u.after_seq && *s <= u.through_seq);
     let (mut texts, mut bytes, mut after) = (Vec::new(), 0u64, u.after_seq);
     'pages: while after < u.through_seq {
-        let room = max_bytes.saturating_sub(bytes).max(1);
+        let room = max_bytes
+            .saturating_sub(bytes)
+            .clamp(1, UNSUMMARIZED_PAGE_BYTES);
         let page = store
             .turns_page(session, after, UNSUMMARIZED_PAGE_TURNS, room)
             .await?;

@@ -252,13 +252,7 @@ impl Summarizer {
         let encoding = self.plan.encoding;
         let text = summary.text;
         let counted = text.clone();
-        let counts =
-            match tokio::task::spawn_blocking(move || SummaryTokens::count(encoding, &counted))
-                .await
-            {
-                Ok(c) => c,
-                Err(e) => std::panic::resume_unwind(e.into_panic()),
-            };
+        let counts = crate::tokens::apart(move || SummaryTokens::count(encoding, &counted)).await;
         // A summary a default history cannot hold with turns beside it
         // would crowd them out, and then be folded into again and again.
         // (What it takes in the format it takes most in.)
