@@ -322,6 +322,10 @@ impl Metrics {
             "Resident memory each loaded tokenizer (TURNSTORE_TOKENIZERS_DIR) took at start",
             memory,
         );
+        self.registry
+            .register_collector(Box::new(TokenizerPartsCollector(
+                tokenizers.all().cloned().collect(),
+            )));
     }
 
     /// Reports `caches` at each scrape: the cache of rendered turns' hits,
@@ -386,6 +390,42 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Each loaded tokenizer's counts of the parts of renderings: how many it
+/// keeps, and how many it counted (more than it keeps when some were let
+/// go for room, and counted again).
+#[derive(Debug)]
+struct TokenizerPartsCollector(Vec<std::sync::Arc<crate::tokens::LoadedTokenizer>>);
+
+impl Collector for TokenizerPartsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let labels = |t: &crate::tokens::LoadedTokenizer| TokenizerLabels {
+            tokenizer: t.name().to_owned(),
+        };
+        {
+            let mut family = encoder.encode_descriptor(
+                "tokenizer_parts",
+                "Counts of parts of renderings a loaded tokenizer keeps (at most 262,144)",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for t in &self.0 {
+                let kept = ConstGauge::new(i64::try_from(t.parts_kept()).unwrap_or(i64::MAX));
+                kept.encode(family.encode_family(&labels(t))?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "tokenizer_parts_counted",
+            "Parts of renderings a loaded tokenizer counted (a part it kept is not counted again)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for t in &self.0 {
+            ConstCounter::new(t.parts_counted()).encode(family.encode_family(&labels(t))?)?;
+        }
+        Ok(())
     }
 }
 

@@ -324,8 +324,8 @@ const LETTER: &str = "U";
 const NEWLINE_LETTER: &str = "\nU";
 const BLANK_LINE_LETTER: &str = "\n\nU";
 
-const USER: &str = "User: ";
-const ASSISTANT: &str = "Assistant: ";
+pub(crate) const USER: &str = "User: ";
+pub(crate) const ASSISTANT: &str = "Assistant: ";
 
 pub(crate) fn user_line(query: &str) -> String {
     let mut s = String::with_capacity(query.len() + 7);

@@ -16,7 +16,7 @@
 
 use super::candidate::SelectedTurn;
 use super::format::{Format, MESSAGE_OVERHEAD};
-use crate::tokens::{HEADER, SUMMARY_HEADER, SUMMARY_MESSAGE};
+use crate::tokens::{ASSISTANT, HEADER, SUMMARY_HEADER, SUMMARY_MESSAGE, USER};
 
 /// A selection to cut back: the summary it begins with and its turns,
 /// oldest first (the first the reserved one when `reserved_first`).
@@ -168,15 +168,15 @@ impl Sums {
         if let (Some(first), Some(newest)) = (uncut.turns.first(), uncut.turns.last()) {
             sums.header = [part(&[HEADER], false)?, part(&[HEADER], true)?];
             sums.last = [
-                part(&["Assistant: ", &first.turn.final_answer], true)?,
-                part(&["Assistant: ", &newest.turn.final_answer], true)?,
+                part(&[ASSISTANT, &first.turn.final_answer], true)?,
+                part(&[ASSISTANT, &newest.turn.final_answer], true)?,
             ];
         }
         for t in uncut.turns {
             sums.user
-                .push(part(&["User: ", &t.turn.user_query, "\n"], true)?);
+                .push(part(&[USER, &t.turn.user_query, "\n"], true)?);
             sums.answer
-                .push(part(&["Assistant: ", &t.turn.final_answer, "\n\n"], true)?);
+                .push(part(&[ASSISTANT, &t.turn.final_answer, "\n\n"], true)?);
         }
         Some(sums)
     }

@@ -13,6 +13,9 @@ use turnstore_bpe::Ranks;
 /// Llama 3's pre-tokenizer pattern as its `tokenizer.json` writes it:
 /// tiktoken's cl100k_base pattern (`turnstore_bpe`'s `Pattern::Cl100k`).
 pub(super) const CL100K_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Mistral's Tekken (Mistral Nemo's): o200k's without the contractions,
+/// one digit a piece.
+const TEKKEN_PATTERN: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen 2's (and 2.5's): cl100k's with one digit a piece.
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
@@ -74,24 +77,27 @@ pub(super) fn byte_level_bytes() -> HashMap<char, u8> {
         .collect()
 }
 
-/// Whether its count of a text cut just after a "\n" that a character
-/// other than whitespace follows is the sum of its counts of the two
+/// Whether its count of a text cut just after a "\n" that a letter or a
+/// "#" follows is the sum of its counts of the two
 /// sides, the second counted as it tokenizes after a newline (its count
 /// after a "\n", less the "\n"'s). The joints of the `text` rendering are
 /// such cuts: before each "User:", "Assistant:" and "###" (see
 /// `history::exact::Sums`). It holds, for any vocabulary, of two kinds:
 ///
-/// - Byte-level BPE over the pre-tokenizer pattern of cl100k (Llama 3) or
-///   Qwen 2, no normalizer or NFC: BPE runs within the pattern's pieces,
-///   and no piece spans such a cut: a piece with a "\n" ends at the last
-///   of its run of newlines, a letter, digit or mark begins its own
-///   (the pattern looks ahead, never behind, and never past the run). NFC
-///   composes nothing across a "\n".
-/// - SentencePiece-style BPE (Llama 2, Mistral): spaces made "▁" and one
-///   "▁" before the text, no pre-tokenizer, byte fallback, no token with
-///   a "\n" (so "\n" is its byte's token, `<0x0A>`, and no merge takes
-///   it): the text's pieces between newlines are counted apart, and only
-///   the first has the "▁" before it.
+/// - Byte-level BPE over the pre-tokenizer pattern of cl100k (Llama 3),
+///   Qwen 2 or Tekken (Mistral Nemo), no normalizer or NFC: BPE runs
+///   within the pattern's pieces, and no piece spans such a cut: a piece
+///   with a "\n" ends at the last of its run of newlines (Tekken's may
+///   take a "/" after it), a letter or a "#" begins its own (the pattern
+///   looks ahead, never behind, and never past the run). NFC composes
+///   nothing across a "\n".
+/// - SentencePiece-style BPE (Llama 2, Gemma): spaces made "▁" (and, for
+///   some, one "▁" before the text), no pre-tokenizer, no token that holds
+///   a newline beside anything else (Llama 2's "\n" is its byte's token,
+///   `<0x0A>`; Gemma's has tokens of runs of newlines): no merge joins a
+///   newline to what is not one, so a run of newlines and what follows it
+///   are counted apart, and only the text's first piece has the "▁"
+///   before it.
 ///
 /// Both also need what the `tokenizers` crate splits out before all else,
 /// the added tokens that are not special, to hold no "\n" and take no
@@ -110,28 +116,33 @@ pub fn adds_up(tokenizer: &tokenizers::Tokenizer) -> bool {
         .and_then(|n| serde_json::to_value(n).ok());
     let byte_level = || {
         normalizer.as_ref().is_none_or(|n| n["type"] == "NFC")
-            && byte_level_pattern(tokenizer)
-                .is_some_and(|p| p == CL100K_PATTERN || p == QWEN2_PATTERN)
+            && byte_level_pattern(tokenizer).is_some_and(|p| {
+                [CL100K_PATTERN, QWEN2_PATTERN, TEKKEN_PATTERN].contains(&p.as_str())
+            })
     };
     let sentence_piece = || {
-        let spaces = normalizer.as_ref().is_some_and(|n| {
-            n["type"] == "Sequence"
-                && n["normalizers"].as_array().is_some_and(|steps| {
-                    steps.iter().any(is_space_replace)
-                        && steps.iter().all(|s| {
-                            is_space_replace(s) || (s["type"] == "Prepend" && s["prepend"] == "▁")
-                        })
-                })
+        let steps = match &normalizer {
+            Some(n) if n["type"] == "Sequence" => n["normalizers"].as_array().cloned(),
+            Some(n) => Some(vec![n.clone()]),
+            None => None,
+        };
+        let spaces = steps.is_some_and(|steps| {
+            steps.iter().any(is_space_replace)
+                && steps
+                    .iter()
+                    .all(|s| is_space_replace(s) || (s["type"] == "Prepend" && s["prepend"] == "▁"))
         });
         let vocab = tokenizer.get_vocab(false);
+        let newline =
+            (bpe.byte_fallback && vocab.contains_key("<0x0A>")) || vocab.contains_key("\n");
         spaces
+            && newline
             && tokenizer.get_pre_tokenizer().is_none()
-            && bpe.byte_fallback
             && !bpe.ignore_merges
-            && vocab.contains_key("<0x0A>")
-            && vocab
-                .keys()
-                .all(|t| !t.contains('\n') && (t == "<0x0A>" || !t.contains("<0x0A>")))
+            && vocab.keys().all(|t| {
+                (!t.contains('\n') || t.chars().all(|c| c == '\n'))
+                    && (t == "<0x0A>" || !t.contains("<0x0A>"))
+            })
     };
     added && plain(bpe) && (byte_level() || sentence_piece())
 }

@@ -164,7 +164,7 @@ impl LoadedTokenizer {
     }
 
     /// Whether its counts of the probes, and of a rendering of them, cut
-    /// at every joint (after a "\n", before what is not whitespace), add
+    /// at every joint (after a "\n", before a letter or a "#"), add
     /// up to its counts of them whole.
     fn sums_hold(&self) -> bool {
         let mut rendering = String::from(super::HEADER);
@@ -176,7 +176,7 @@ impl LoadedTokenizer {
             let mut from = 0;
             for (i, _) in text.match_indices('\n') {
                 let next = text[i + 1..].chars().next();
-                if next.is_some_and(|c| !c.is_whitespace()) {
+                if next.is_some_and(|c| c.is_alphabetic() || c == '#') {
                     sum += self.count_after(&text[from..=i], from > 0);
                     from = i + 1;
                 }
@@ -196,6 +196,15 @@ impl LoadedTokenizer {
             .saturating_sub(self.newline)
     }
 
+    /// How many counts of parts it keeps, and how many it took.
+    pub fn parts_kept(&self) -> usize {
+        self.parts.len()
+    }
+
+    pub fn parts_counted(&self) -> u64 {
+        self.parts.counted()
+    }
+
     /// Whether its counts of the parts of a rendering in `format` add up
     /// to its count of the rendering: always for `messages` (its count is
     /// of each message alone), for the others when [`adds_up`].
@@ -208,10 +217,7 @@ impl LoadedTokenizer {
     /// it, from the counts kept of parts counted before; a part not kept
     /// is counted (and kept) when `count`, else `None`.
     pub fn count_part(&self, pieces: &[&str], after_newline: bool, count: bool) -> Option<u32> {
-        let newline = Some("\n").filter(|_| after_newline);
-        let key = self
-            .parts
-            .key(newline.into_iter().chain(pieces.iter().copied()));
+        let key = self.parts.key(after_newline, pieces);
         if let Some(n) = self.parts.get(key) {
             return Some(n);
         }
@@ -514,6 +520,12 @@ pub(crate) mod tests {
         for name in ["llama3", "qwen2_5", "llama2"] {
             assert!(loaded.get(name).unwrap().adds_up, "{name}");
         }
+        // Gemma's has tokens of runs of newlines, none with anything else:
+        // it adds up too.
+        assert!(loaded.get("gemma").unwrap().adds_up);
+        // Mistral Nemo's pattern (Tekken) is not tiktoken's, but adds up.
+        let nemo = loaded.get("mistral_nemo").unwrap();
+        assert!(nemo.adds_up && !nemo.counts_as_tiktoken());
         let texts = PROBES.join(" \n");
         for end in (0..texts.len())
             .filter(|&i| texts.is_char_boundary(i))

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -23,6 +24,8 @@ const SECRET: usize = 192;
 pub struct PartCounts {
     secret: [u8; SECRET],
     shards: Vec<Mutex<Shard>>,
+    /// How many parts were counted (and kept).
+    counted: AtomicU64,
 }
 
 #[derive(Default)]
@@ -41,14 +44,19 @@ impl Default for PartCounts {
         PartCounts {
             secret,
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            counted: AtomicU64::new(0),
         }
     }
 }
 
 impl PartCounts {
-    /// The key of the text `pieces` make, joined.
-    pub fn key<'a>(&self, pieces: impl IntoIterator<Item = &'a str>) -> u128 {
+    /// The key of the text `pieces` make, joined, as a part at the start
+    /// of a text or after a newline: two keys for one text, told apart by
+    /// a first byte no UTF-8 text holds (so a text that begins with "\n"
+    /// is not another's part after a newline).
+    pub fn key(&self, after_newline: bool, pieces: &[&str]) -> u128 {
         let mut hasher = Xxh3::with_secret(self.secret);
+        hasher.update(&[if after_newline { 0xFF } else { 0xFE }]);
         for piece in pieces {
             hasher.update(piece.as_bytes());
         }
@@ -66,6 +74,7 @@ impl PartCounts {
     }
 
     pub fn put(&self, key: u128, count: u32) {
+        self.counted.fetch_add(1, Ordering::Relaxed);
         let mut shard = self.shard(key);
         if shard.counts.len() >= PER_SHARD {
             // A bit the shard's index does not read (its key's upper half).
@@ -76,8 +85,12 @@ impl PartCounts {
         shard.counts.insert(key, count);
     }
 
+    /// How many parts were put.
+    pub fn counted(&self) -> u64 {
+        self.counted.load(Ordering::Relaxed)
+    }
+
     /// How many parts it holds.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards
             .iter()
@@ -93,20 +106,23 @@ mod tests {
     #[test]
     fn a_part_is_known_by_its_text_however_it_is_cut() {
         let parts = PartCounts::default();
-        assert_eq!(parts.key(["User: ", "hi", "\n"]), parts.key(["User: hi\n"]));
-        assert_ne!(parts.key(["User: hi\n"]), parts.key(["User: hi"]));
-        parts.put(parts.key(["a"]), 7);
-        assert_eq!(parts.get(parts.key(["a"])), Some(7));
-        assert_eq!(parts.get(parts.key(["b"])), None);
+        let key = |pieces: &[&str]| parts.key(false, pieces);
+        assert_eq!(key(&["User: ", "hi", "\n"]), key(&["User: hi\n"]));
+        assert_ne!(key(&["User: hi\n"]), key(&["User: hi"]));
+        // A text that begins with a newline is not another after one.
+        assert_ne!(key(&["\nhi"]), parts.key(true, &["hi"]));
+        parts.put(key(&["a"]), 7);
+        assert_eq!(parts.get(key(&["a"])), Some(7));
+        assert_eq!(parts.get(key(&["b"])), None);
         // Another process's secret, other keys.
-        assert_ne!(PartCounts::default().key(["a"]), parts.key(["a"]));
+        assert_ne!(PartCounts::default().key(false, &["a"]), key(&["a"]));
     }
 
     #[test]
     fn it_holds_at_most_its_bound() {
         let parts = PartCounts::default();
         for i in 0..(SHARDS * PER_SHARD + 5_000) {
-            parts.put(parts.key([i.to_string().as_str()]), 1);
+            parts.put(parts.key(false, &[i.to_string().as_str()]), 1);
         }
         assert!(parts.len() <= SHARDS * PER_SHARD, "{}", parts.len());
         assert!(parts.len() > SHARDS * PER_SHARD / 2, "{}", parts.len());

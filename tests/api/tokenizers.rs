@@ -225,8 +225,9 @@ const CORPUS: [(&str, &str); 8] = [
     ),
 ];
 
-/// The real tokenizers `scripts/fetch-tokenizers` brings (Llama 3 and
-/// Qwen 2.5, byte-level; Llama 2, SentencePiece): `scripts/test` sets
+/// The real tokenizers `scripts/fetch-tokenizers` brings (Llama 3, Qwen
+/// 2.5 and Mistral Nemo, byte-level; Llama 2 and Gemma, SentencePiece):
+/// `scripts/test` sets
 /// `TURNSTORE_TEST_TOKENIZERS` to where they are. Without it (a bare
 /// `cargo test`) there is nothing to count with, and the test says so.
 async fn real_vocabularies_keep_the_budget_exactly(backend: Backend) {
@@ -239,7 +240,7 @@ async fn real_vocabularies_keep_the_budget_exactly(backend: Backend) {
     for (q, a) in CORPUS {
         app.complete(&s, q, a).await;
     }
-    for name in ["llama3", "qwen2_5", "llama2"] {
+    for name in ["llama3", "qwen2_5", "llama2", "gemma", "mistral_nemo"] {
         let file = dir.join(name).join("tokenizer.json");
         assert!(
             file.exists(),
@@ -250,6 +251,22 @@ async fn real_vocabularies_keep_the_budget_exactly(backend: Backend) {
         let all = sweep(&app, &s, name, &t, CORPUS.len() as u64, 23).await;
         assert!(all > 100, "{name}: {all}");
         with_a_summary(&app, name, &t).await;
+        // A message that begins with a newline is not another turn's
+        // part after one ("User: x\n" in a text rendering), though the
+        // counts kept of both are of "\nUser: x\n".
+        let (a, b) = (sid(), sid());
+        app.complete(&a, "x", "y").await;
+        app.complete(&b, "\nUser: x\n", "y").await;
+        app.history_ok(&a, &format!("encoding={name}&format=text"))
+            .await;
+        let h = app
+            .history_ok(&b, &format!("encoding={name}&format=messages"))
+            .await;
+        assert_eq!(
+            h["token_count"].as_u64().unwrap() as usize,
+            count_of(&t, &h),
+            "{h}"
+        );
     }
 }
 
@@ -328,6 +345,20 @@ async fn a_loaded_tokenizer_is_named_by_models_and_listed(backend: Backend) {
         metrics.contains(r#"turnstore_tokenizer_memory_bytes{tokenizer="tiny"}"#),
         "{metrics}"
     );
+    // The messages read counted its parts (a message each) and keeps them.
+    app.history_ok(&s, "encoding=tiny&format=messages").await;
+    let metrics = app.metrics().await;
+    for name in [
+        "turnstore_tokenizer_parts",
+        "turnstore_tokenizer_parts_counted_total",
+    ] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!(r#"{name}{{tokenizer="tiny"}}"#)))
+            .unwrap_or_else(|| panic!("{name}: {metrics}"));
+        let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(n >= 2, "{line}");
+    }
 }
 
 async fn unknown_encodings_and_templates_are_refused(backend: Backend) {
