@@ -36,6 +36,11 @@ pub struct Taken {
 }
 
 impl Taken {
+    /// How many offers it takes.
+    pub fn offers(self) -> usize {
+        usize::from(self.summary) + usize::from(self.reserved) + self.newest
+    }
+
     /// The indices of its turns among `len`, oldest first.
     pub fn turns(self, len: usize) -> impl Iterator<Item = usize> {
         (0..usize::from(self.reserved)).chain(len - self.newest..len)
@@ -59,11 +64,21 @@ pub struct Cut {
 }
 
 /// Cuts `uncut` back to the longest run of its offers whose rendering
-/// counts at most `max_tokens` by `count`.
-pub fn cut(uncut: &Uncut<'_>, max_tokens: u32, count: impl Fn(Taken) -> u32) -> Cut {
+/// counts at most `max_tokens` by `count`. A `guess` of that run's length
+/// (the one sums of parts give, say, near for a tokenizer whose counts do
+/// not add up) is tried first and then the run next to it, then runs
+/// further away, doubling: a right guess costs two counts, where the
+/// bisection alone takes about log2 of the offers.
+pub fn cut(
+    uncut: &Uncut<'_>,
+    max_tokens: u32,
+    guess: Option<usize>,
+    count: impl Fn(Taken) -> u32,
+) -> Cut {
     let turns = uncut.turns.len();
     let reserved = usize::from(uncut.reserved_first && turns > 0);
     let with_summary = usize::from(uncut.summary.is_some());
+    let offers = with_summary + turns;
     // What the first `j` offers are.
     let take = |j: usize| {
         let taken_turns = j - with_summary.min(j);
@@ -73,9 +88,36 @@ pub fn cut(uncut: &Uncut<'_>, max_tokens: u32, count: impl Fn(Taken) -> u32) -> 
             newest: taken_turns.saturating_sub(reserved),
         }
     };
-    // The largest j whose rendering fits: 0 always does (nothing at all).
-    let (mut fits, mut over) = (0, with_summary + turns + 1);
-    let mut fits_count = 0;
+    // The largest j whose rendering fits: `fits` does (0 always: nothing
+    // at all), `over` does not (`offers + 1`: past them all).
+    let (mut fits, mut over, mut fits_count) = (0, offers + 1, 0);
+    if let Some(guess) = guess.map(|g| g.min(offers)).filter(|&g| g > 0) {
+        let mut step = 1;
+        let n = count(take(guess));
+        if n <= max_tokens {
+            (fits, fits_count) = (guess, n);
+            while fits + step <= offers {
+                let n = count(take(fits + step));
+                if n > max_tokens {
+                    over = fits + step;
+                    break;
+                }
+                (fits, fits_count) = (fits + step, n);
+                step *= 2;
+            }
+        } else {
+            over = guess;
+            while over > step {
+                let n = count(take(over - step));
+                if n <= max_tokens {
+                    (fits, fits_count) = (over - step, n);
+                    break;
+                }
+                over -= step;
+                step *= 2;
+            }
+        }
+    }
     while over - fits > 1 {
         let mid = fits + (over - fits) / 2;
         let n = count(take(mid));
@@ -307,12 +349,17 @@ mod tests {
             reserved_first in any::<bool>(),
             format in prop::sample::select(Format::ALL.to_vec()),
             max in 0u32..80,
+            guess in prop::option::of(0usize..16),
         ) {
             let turns = turns_of(&texts);
             let uncut = Uncut { summary: summary.as_deref(), turns: &turns, reserved_first };
             let expected = by_definition(&uncut, format, max);
 
-            let cut = cut(&uncut, max, |taken| whole(&uncut, format, taken, words));
+            let counts = std::cell::Cell::new(0);
+            let cut = cut(&uncut, max, guess, |taken| {
+                counts.set(counts.get() + 1);
+                whole(&uncut, format, taken, words)
+            });
 
             let (kept, dropped) = cut.taken.split(turns.clone());
             let seqs: Vec<u64> = kept.iter().map(|t| t.turn.seq).collect();
@@ -322,6 +369,10 @@ mod tests {
             all.sort();
             all.dedup();
             prop_assert_eq!(all.len(), turns.len(), "kept and dropped are every turn");
+            // A right guess costs two counts (one when it is every offer).
+            if guess == Some(cut.taken.offers()) && guess != Some(0) {
+                prop_assert!(counts.get() <= 2, "{} counts", counts.get());
+            }
         }
     }
 }

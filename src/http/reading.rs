@@ -90,9 +90,17 @@ impl Reading {
             let Some(sums) = Sums::of(&uncut, format, part) else {
                 return false;
             };
-            exact::cut(&uncut, max_tokens, |taken| sums.count(taken))
+            exact::cut(&uncut, max_tokens, None, |taken| sums.count(taken))
         } else if count {
-            exact::cut(&uncut, max_tokens, |taken| {
+            // Sums of parts (kept) are near for such a tokenizer: where
+            // they cut, the whole counts begin.
+            let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, true);
+            let guess = Sums::of(&uncut, format, part).map(|sums| {
+                exact::cut(&uncut, max_tokens, None, |t| sums.count(t))
+                    .taken
+                    .offers()
+            });
+            exact::cut(&uncut, max_tokens, guess, |taken| {
                 exact::whole(&uncut, format, taken, |text| tokenizer.count(text))
             })
         } else {

@@ -527,9 +527,11 @@ pub async fn abort_turn(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Texts longer than this are counted apart (`tokens::apart`): a 128 KiB
+/// Texts longer than this are counted on the blocking pool: a 128 KiB
 /// answer takes 5 to 130 ms (prose to one long whitespace run), which a
-/// worker must not spend while probes and other requests wait.
+/// worker must not spend while probes and other requests wait. Not
+/// through `tokens::apart` (a few at a time): in these handlers it cost
+/// the core loop 4% (`bench/compare`, 2026-11-26), boxed or not.
 const COUNT_INLINE_BYTES: usize = 16 * 1024;
 
 /// `count(text)`, off the async workers when `long`; gives the text back.
@@ -542,9 +544,13 @@ where
         let c = count(&text);
         return (text, c);
     }
-    crate::tokens::apart(move || {
+    match tokio::task::spawn_blocking(move || {
         let c = count(&text);
         (text, c)
     })
     .await
+    {
+        Ok(done) => done,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
 }
