@@ -69,7 +69,7 @@ fn serve(settings: Settings) -> ExitCode {
     // server::threads); at most one per core: more would only take turns
     // on the cores, each woken for its own connections (on 2 cores, 16
     // such threads cost 1.56x the CPU a question of 2).
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = crate::server::threads::cores();
     let count = match settings.worker_threads {
         0 => cores,
         n if n > cores => {

@@ -16,6 +16,12 @@ thread_local! {
     static PLACE: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
 }
 
+/// The host's cores (at least one): the serving threads are at most as
+/// many, and long counts leave one of them free (`tokens::apart`).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 /// Which serving thread this is, and how many there are (`None` off them:
 /// in tests that build the application in their own runtime, say).
 pub fn place() -> Option<(usize, usize)> {

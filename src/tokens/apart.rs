@@ -16,10 +16,8 @@ use std::sync::LazyLock;
 use tokio::sync::Semaphore;
 
 /// How many counts run at once: one a core less one, at least one.
-static PLACES: LazyLock<Semaphore> = LazyLock::new(|| {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    Semaphore::new(cores.saturating_sub(1).max(1))
-});
+static PLACES: LazyLock<Semaphore> =
+    LazyLock::new(|| Semaphore::new(crate::server::threads::cores().saturating_sub(1).max(1)));
 
 /// Runs `work` on the blocking pool once a place is free, and holds the
 /// place until `work` ends, even when the caller is dropped first (a

@@ -132,13 +132,14 @@ pub fn adds_up(tokenizer: &tokenizers::Tokenizer) -> bool {
                     .iter()
                     .all(|s| is_space_replace(s) || (s["type"] == "Prepend" && s["prepend"] == "▁"))
         });
+        if !spaces || tokenizer.get_pre_tokenizer().is_some() || bpe.ignore_merges {
+            return false;
+        }
+        // A copy of the vocabulary (Gemma's: 256,000 tokens), only then.
         let vocab = tokenizer.get_vocab(false);
         let newline =
             (bpe.byte_fallback && vocab.contains_key("<0x0A>")) || vocab.contains_key("\n");
-        spaces
-            && newline
-            && tokenizer.get_pre_tokenizer().is_none()
-            && !bpe.ignore_merges
+        newline
             && vocab.keys().all(|t| {
                 (!t.contains('\n') || t.chars().all(|c| c == '\n'))
                     && (t == "<0x0A>" || !t.contains("<0x0A>"))
