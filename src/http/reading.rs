@@ -85,8 +85,8 @@ impl Reading {
             turns: &stored.selection.turns,
             reserved_first: self.options.keep_first,
         };
+        let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, count);
         let cut = if tokenizer.adds_up_in(format) {
-            let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, count);
             let Some(sums) = Sums::of(&uncut, format, part) else {
                 return false;
             };
@@ -94,7 +94,6 @@ impl Reading {
         } else if count {
             // Sums of parts (kept) are near for such a tokenizer: where
             // they cut, the whole counts begin.
-            let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, true);
             let guess = Sums::of(&uncut, format, part).map(|sums| {
                 exact::cut(&uncut, max_tokens, None, |t| sums.count(t))
                     .taken
