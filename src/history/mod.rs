@@ -13,5 +13,8 @@ pub mod template;
 pub use candidate::{Candidate, Content, Copies, SelectedTurn, TRUNCATION_MARK, needed_bytes};
 pub use format::{Format, MESSAGE_OVERHEAD, Rendering, Shape};
 pub use pick::{Picked, Picker};
-pub use render::{Message, Role, messages, messages_with, render_text, render_text_with};
+pub use render::{
+    Message, Role, chat_messages, chat_system, messages, messages_with, render_text,
+    render_text_with,
+};
 pub use select::{BudgetState, Cost, Options, Prelude, Selection, Selector, StoppedBy, select};

@@ -35,6 +35,17 @@ pub enum Role {
     Assistant,
 }
 
+impl Role {
+    /// As chat APIs and chat templates name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
 /// One message of the `messages` rendering, as chat APIs take it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 #[schema(example = json!({"role": "user", "content": "What is a vector index?"}))]
@@ -63,6 +74,35 @@ pub fn messages_with(summary: Option<&str>, turns: Vec<SelectedTurn>) -> Vec<Mes
         .map(|s| Message {
             role: Role::System,
             content: format!("{SUMMARY_MESSAGE}{s}"),
+        })
+        .into_iter()
+        .collect();
+    out.extend(messages(turns));
+    out
+}
+
+/// The system message a chat template's prompt begins with: the caller's
+/// `system` text, then (after a blank line) the summary's message.
+pub fn chat_system(system: Option<&str>, summary: Option<&str>) -> Option<String> {
+    let summary = summary.map(|s| format!("{SUMMARY_MESSAGE}{s}"));
+    match (system, summary) {
+        (Some(system), Some(summary)) => Some(format!("{system}\n\n{summary}")),
+        (Some(system), None) => Some(system.to_owned()),
+        (None, summary) => summary,
+    }
+}
+
+/// The messages a chat template renders: [`chat_system`], then a user and
+/// an assistant message per turn.
+pub fn chat_messages(
+    system: Option<&str>,
+    summary: Option<&str>,
+    turns: Vec<SelectedTurn>,
+) -> Vec<Message> {
+    let mut out: Vec<Message> = chat_system(system, summary)
+        .map(|content| Message {
+            role: Role::System,
+            content,
         })
         .into_iter()
         .collect();

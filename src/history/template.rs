@@ -11,6 +11,7 @@
 //! twin renders (`builtins`).
 //!
 //! - `sandbox`: the engine's limits, and the one way to call a macro.
+//! - `chat`: tokenizers' chat templates, in the same sandbox.
 //! - `context`: what a macro sees.
 //! - `joints`: exact counts of a concatenation from its segments' counts.
 //! - `cache`: the counts of recently seen segments.
@@ -21,6 +22,7 @@
 
 mod builtins;
 mod cache;
+mod chat;
 mod context;
 mod joints;
 mod rendered;
@@ -35,6 +37,7 @@ use std::sync::{Arc, OnceLock};
 use minijinja::Value;
 
 pub use cache::{CAPACITY as COUNT_CACHE_CAPACITY, CountCache};
+pub use chat::{CHAT_FUEL, ChatTemplate};
 pub use rendered::{BUDGET_BYTES as TURN_CACHE_BYTES, TurnCache};
 pub use sandbox::{FUEL, MAX_OUTPUT_BYTES, RECURSION_LIMIT};
 pub use selector::{TemplateSelection, TemplateSelector, max_rendering_bytes, select_template};

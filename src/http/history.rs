@@ -13,12 +13,12 @@ use super::AppState;
 use super::accept::Body;
 use super::error::{ApiError, ProblemCode};
 use super::extract::QueryParams;
-pub use super::reading::Reading;
+pub use super::reading::{Chat, Reading};
 use super::sessions::SessionPath;
 use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy};
+use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy, chat_messages};
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::{Counting, Encoding, Resolved};
@@ -98,7 +98,46 @@ pub struct HistoryParams {
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "xml")]
     #[param(pattern = "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", example = "xml")]
     pub template: Option<String>,
+    /// With `format=messages` (implied when no format is given): budget
+    /// and count the prompt the messages make through the chat template
+    /// of the tokenizer counting (`encoding`, or `model` in the model
+    /// table; one whose `tokenizer_config.json` has a `chat_template`),
+    /// special tokens and all: `token_count` is the prompt's. In a start,
+    /// the prompt ends with the new question and the template's
+    /// generation prompt, ready for a completion endpoint. Whole turns
+    /// only, as always. No such tokenizer: 422 `validation_failed`; a
+    /// template that raises on the conversation: 422 `template_error`
+    /// (nothing is written).
+    #[serde(
+        default,
+        deserialize_with = "super::extract::flag",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub chat_template: Option<bool>,
+    /// With `chat_template=true`: also return the rendered prompt
+    /// (`prompt`).
+    #[serde(
+        default,
+        deserialize_with = "super::extract::flag",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub prompt: Option<bool>,
+    /// With `chat_template=true`: a system message the prompt begins with
+    /// (at most 64 KiB in a start's body; 4,096 characters in a query
+    /// string, which an HTTP server holds to 64 KiB), counted in
+    /// `max_tokens`. A summary joins it, after a blank line, in the one
+    /// system message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[param(max_length = 4096)]
+    pub system: Option<String>,
 }
+
+/// The most a `system` message may hold, in bytes.
+pub const MAX_SYSTEM_BYTES: usize = 64 * 1024;
+/// The most a `system` message may hold in a query string, in characters
+/// (percent-encoded, 4-byte characters take 12 bytes of a URI, which the
+/// HTTP server refuses beyond 64 KiB with a 414).
+pub const MAX_QUERY_SYSTEM_CHARS: usize = 4096;
 
 /// The language of a rendering: `en` for the English copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -115,6 +154,7 @@ impl HistoryParams {
         let limit = self.limit.unwrap_or(settings.history_limit);
         let max_tokens = self.max_tokens.unwrap_or(settings.history_max_tokens);
         let model = self.model.as_deref().unwrap_or_default();
+        let chat = self.chat_template == Some(true);
         (
             rule(
                 &field("limit"),
@@ -131,11 +171,7 @@ impl HistoryParams {
                 model.chars().count() <= MAX_MODEL_CHARS,
                 format!("must be at most {MAX_MODEL_CHARS} characters"),
             ),
-            rule(
-                &field("format"),
-                self.template.is_none() || self.format.is_none_or(|f| f == Format::Text),
-                "must be text with a template",
-            ),
+            self.format_rules(at),
             chars(&field("max_query_chars"), self.max_query_chars),
             chars(&field("max_answer_chars"), self.max_answer_chars),
             rule(
@@ -156,7 +192,10 @@ impl HistoryParams {
             limit: limit as usize,
             max_tokens,
             max_bytes: settings.max_history_bytes,
-            format: self.format.unwrap_or_default(),
+            format: match self.format {
+                None if chat => Format::Messages,
+                format => format.unwrap_or_default(),
+            },
             encoding,
             max_query_chars: self.max_query_chars.map(|n| n as usize),
             max_answer_chars: self.max_answer_chars.map(|n| n as usize),
@@ -167,6 +206,48 @@ impl HistoryParams {
             summary: self.summary.unwrap_or(false),
             template: None,
         })
+    }
+
+    /// The rules of `format`, `template` and the `chat_template` fields.
+    fn format_rules(&self, at: &str) -> Valid<()> {
+        let field = |name: &str| format!("{at}{name}");
+        let chat = self.chat_template == Some(true);
+        (
+            rule(
+                &field("format"),
+                self.template.is_none() || self.format.is_none_or(|f| f == Format::Text),
+                "must be text with a template",
+            ),
+            rule(
+                &field("format"),
+                !chat || self.format.is_none_or(|f| f == Format::Messages),
+                "must be messages with chat_template",
+            ),
+            rule(
+                &field("chat_template"),
+                !chat || self.template.is_none(),
+                "cannot be used with template",
+            ),
+            rule(
+                &field("prompt"),
+                chat || self.prompt != Some(true),
+                "needs chat_template=true",
+            ),
+            rule(
+                &field("system"),
+                chat || self.system.is_none(),
+                "needs chat_template=true",
+            ),
+            rule(
+                &field("system"),
+                self.system
+                    .as_ref()
+                    .is_none_or(|s| s.len() <= MAX_SYSTEM_BYTES),
+                format!("must be at most {MAX_SYSTEM_BYTES} bytes"),
+            ),
+        )
+            .collect()
+            .map(|_| ())
     }
 
     /// The options `resolve` made, with what they name: the template (404
@@ -210,7 +291,34 @@ impl HistoryParams {
                     .ok_or(ProblemCode::TemplateNotFound)?,
             );
         }
-        Ok(Reading::new(options, counting))
+        let chat = match (self.chat_template, &counting) {
+            (Some(true), Counting::Loaded(t)) if t.chat_template().is_some() => Some(Chat {
+                system: self.system.clone(),
+                prompt: self.prompt == Some(true),
+                question: None,
+                at: at.to_owned(),
+            }),
+            (Some(true), _) => {
+                let with: Vec<&str> = app
+                    .tokenizers
+                    .all()
+                    .filter(|t| t.chat_template().is_some())
+                    .map(|t| t.name())
+                    .collect();
+                let has = match with.is_empty() {
+                    true => "none of this server's tokenizers has one".to_owned(),
+                    false => format!("this server's: {}", with.join(", ")),
+                };
+                return Err(ApiError::field(
+                    format!("{at}chat_template"),
+                    format!(
+                        "needs a tokenizer with a chat template, named by encoding or model ({has})"
+                    ),
+                ));
+            }
+            _ => None,
+        };
+        Ok(Reading::new(options, counting).with_chat(chat))
     }
 }
 
@@ -403,6 +511,12 @@ pub struct HistoryResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub messages: Option<Vec<Message>>,
+    /// `chat_template=true` with `prompt=true`: the prompt the chat
+    /// template rendered (what `token_count` counts), to send to a
+    /// completion endpoint as it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub prompt: Option<String>,
     /// `format=turns`: the included turns, oldest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -442,17 +556,24 @@ impl HistoryResponse {
             stopped_by: selection.stopped_by,
             rendered: None,
             messages: None,
+            prompt: None,
             turns: None,
             summary: None,
             unsummarized: stored.unsummarized.map(UnsummarizedOut::from),
             generation: stored.generation,
         };
+        let summary = stored.summary.as_ref().map(|s| s.text.as_str());
+        if let Some(chat) = &reading.chat {
+            let system = chat.system.as_deref();
+            out.messages = Some(chat_messages(system, summary, selection.turns));
+            out.prompt = stored.rendered;
+            return out;
+        }
         if let Some(rendered) = stored.rendered {
             // A template's rendering (its format is `text`).
             out.rendered = Some(rendered);
             return out;
         }
-        let summary = stored.summary.as_ref().map(|s| s.text.as_str());
         match opts.format.render(summary, selection.turns) {
             Rendering::Text(text) => out.rendered = Some(text),
             Rendering::Messages(messages) => out.messages = Some(messages),
@@ -497,7 +618,7 @@ impl HistoryRead {
         app: &AppState,
     ) -> Result<Self, ApiError> {
         let settings = &app.settings;
-        let (session, options, ()) = (
+        let (session, options, (), _) = (
             path.session_id(),
             params.resolve(settings, ""),
             rule(
@@ -505,6 +626,24 @@ impl HistoryRead {
                 body == Body::Json || params.format.is_none_or(|f| f == Format::Text),
                 "must be text with Accept: text/plain",
             ),
+            (
+                rule(
+                    "chat_template",
+                    body == Body::Json || params.chat_template != Some(true),
+                    "returns JSON (messages, prompt): read with Accept: application/json",
+                ),
+                rule(
+                    "system",
+                    params
+                        .system
+                        .as_ref()
+                        .is_none_or(|s| s.chars().count() <= MAX_QUERY_SYSTEM_CHARS),
+                    format!(
+                        "must be at most {MAX_QUERY_SYSTEM_CHARS} characters in a query string (send a longer one in a start's body)"
+                    ),
+                ),
+            )
+                .collect(),
         )
             .all()?;
         let reading = params.named(options, app, "")?;

@@ -1,11 +1,34 @@
 //! What a history read counts with, and the cut of a store's selection to
 //! a loaded tokenizer's counts (see `history::exact`).
 
+use std::cell::{Cell, RefCell};
+
 use super::error::ApiError;
-use crate::history::exact::{self, Sums, Uncut};
-use crate::history::{Options, Selection, StoppedBy};
+use crate::history::exact::{self, Cut, Sums, Taken, Uncut};
+use crate::history::template::{ChatTemplate, max_rendering_bytes};
+use crate::history::{Options, Role, Selection, StoppedBy, chat_system};
 use crate::store::{StoredHistory, Unsummarized};
-use crate::tokens::{Counting, apart};
+use crate::tokens::{Counting, LoadedTokenizer, apart};
+
+/// The most of the history's texts a chat template's prompt may hold to
+/// be rendered and counted on the request's worker thread (the default
+/// read's 20 turns hold about 15 KiB); a longer one is rendered apart, on
+/// the blocking pool, whose renderings would hold a worker too long.
+const INLINE_PROMPT_BYTES: usize = 64 * 1024;
+
+/// A read through a loaded tokenizer's chat template (`chat_template`).
+#[derive(Debug, Clone)]
+pub struct Chat {
+    /// The caller's system message.
+    pub system: Option<String>,
+    /// Return the prompt.
+    pub prompt: bool,
+    /// A start's question: the prompt ends with it, then the template's
+    /// generation prompt.
+    pub question: Option<String>,
+    /// Where its fields are (`history.` in a start).
+    pub at: String,
+}
 
 /// A read's options, and what counts it. A loaded tokenizer's counts of
 /// parts need not add up as the store sums them (see `history::exact`):
@@ -19,6 +42,8 @@ pub struct Reading {
     pub counting: Counting,
     /// The read's own `max_tokens` and `max_bytes`, for a loaded tokenizer.
     bounds: Option<(u32, u64)>,
+    /// Through the tokenizer's chat template.
+    pub chat: Option<Chat>,
 }
 
 impl Reading {
@@ -41,7 +66,12 @@ impl Reading {
             options,
             counting,
             bounds,
+            chat: None,
         }
+    }
+
+    pub fn with_chat(self, chat: Option<Chat>) -> Self {
+        Reading { chat, ..self }
     }
 
     /// Whether the store's counts are the read's (its encoding is built in).
@@ -53,15 +83,15 @@ impl Reading {
     /// are kept from earlier reads, else apart (`tokens::apart`: counts of
     /// long texts take time).
     pub async fn cut_apart(&self, mut stored: StoredHistory) -> Result<StoredHistory, ApiError> {
-        if self.counts_in_store() || self.cut(&mut stored, false) {
+        if self.counts_in_store() || self.cut(&mut stored, false)? {
             return Ok(stored);
         }
         let reading = self.clone();
-        Ok(apart(move || {
-            reading.cut(&mut stored, true);
-            stored
+        apart(move || {
+            reading.cut(&mut stored, true)?;
+            Ok(stored)
         })
-        .await)
+        .await
     }
 
     /// Cuts the store's selection back to the read's `max_tokens` when a
@@ -69,11 +99,11 @@ impl Reading {
     /// (and the tokens of the unsummarized turns unknown). Counts parts
     /// not kept from earlier reads only when `count`: `false` when it
     /// needs such a count and may not, the selection untouched.
-    fn cut(&self, stored: &mut StoredHistory, count: bool) -> bool {
+    fn cut(&self, stored: &mut StoredHistory, count: bool) -> Result<bool, ApiError> {
         let (Counting::Loaded(tokenizer), Some((max_tokens, max_bytes))) =
             (&self.counting, self.bounds)
         else {
-            return true;
+            return Ok(true);
         };
         let format = self.options.format;
         let uncut = Uncut {
@@ -86,9 +116,17 @@ impl Reading {
             reserved_first: self.options.keep_first,
         };
         let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, count);
-        let cut = if tokenizer.adds_up_in(format) {
+        let mut prompt = None;
+        let cut = if let Some(chat) = &self.chat {
+            let limits = (max_tokens, max_bytes);
+            let Some((cut, p)) = chat.cut(tokenizer, &uncut, limits, count)? else {
+                return Ok(false);
+            };
+            prompt = p;
+            cut
+        } else if tokenizer.adds_up_in(format) {
             let Some(sums) = Sums::of(&uncut, format, part) else {
-                return false;
+                return Ok(false);
             };
             exact::cut(&uncut, max_tokens, None, |taken| sums.count(taken))
         } else if count {
@@ -103,7 +141,7 @@ impl Reading {
                 exact::whole(&uncut, format, taken, |text| tokenizer.count(text))
             })
         } else {
-            return false;
+            return Ok(false);
         };
         let had_summary = uncut.summary.is_some();
         let selection = std::mem::take(&mut stored.selection);
@@ -145,6 +183,116 @@ impl Reading {
             bytes: selection.bytes.saturating_sub(dropped_bytes),
             stopped_by,
         };
-        true
+        stored.rendered = prompt;
+        Ok(true)
+    }
+}
+
+impl Chat {
+    /// [`Reading::cut`] through `tokenizer`'s chat template: the longest
+    /// run of `uncut`'s offers whose prompt counts at most `max_tokens`,
+    /// and the prompt when asked for. `None` when a count it needs is not
+    /// kept and it may not `count`.
+    fn cut(
+        &self,
+        tokenizer: &LoadedTokenizer,
+        uncut: &Uncut<'_>,
+        (max_tokens, max_bytes): (u32, u64),
+        count: bool,
+    ) -> Result<Option<(Cut, Option<String>)>, ApiError> {
+        // A long prompt is rendered and counted apart, even when every
+        // piece's count is kept: its rendering takes time.
+        let bytes = uncut.summary.map_or(0, str::len)
+            + uncut
+                .turns
+                .iter()
+                .map(|t| t.turn.user_query.len() + t.turn.final_answer.len())
+                .sum::<usize>();
+        if !count && bytes > INLINE_PROMPT_BYTES {
+            return Ok(None);
+        }
+        let Some(template) = tokenizer.chat_template() else {
+            return Err(ApiError::field(
+                format!("{}chat_template", self.at),
+                "the tokenizer has no chat template",
+            ));
+        };
+        // Each message once, as the template takes it (cheap to clone).
+        let system = [None, uncut.summary].map(|summary| {
+            chat_system(self.system.as_deref(), summary)
+                .map(|s| ChatTemplate::message(Role::System, &s))
+        });
+        let turns: Vec<[minijinja::Value; 2]> = uncut
+            .turns
+            .iter()
+            .map(|t| {
+                [
+                    ChatTemplate::message(Role::User, &t.turn.user_query),
+                    ChatTemplate::message(Role::Assistant, &t.turn.final_answer),
+                ]
+            })
+            .collect();
+        let question = self
+            .question
+            .as_deref()
+            .map(|q| ChatTemplate::message(Role::User, q));
+        let extra = self.system.as_ref().map_or(0, String::len)
+            + self.question.as_ref().map_or(0, String::len);
+        let cap = max_rendering_bytes(max_bytes.saturating_add(extra as u64));
+        let cap = usize::try_from(cap).unwrap_or(usize::MAX);
+        let render = |taken: Taken| {
+            let mut messages = Vec::with_capacity(2 * taken.offers() + 2);
+            messages.extend(system[usize::from(taken.summary)].clone());
+            for i in taken.turns(turns.len()) {
+                messages.extend(turns[i].iter().cloned());
+            }
+            messages.extend(question.clone());
+            // Nothing to say: no prompt (templates read `messages[0]`).
+            if messages.is_empty() {
+                return Ok(String::new());
+            }
+            template.render(messages, question.is_some(), cap)
+        };
+        let failed = RefCell::new(None);
+        let missing = Cell::new(false);
+        let counted = |taken: Taken| match render(taken) {
+            Ok(prompt) => tokenizer.count_prompt(&prompt, count).unwrap_or_else(|| {
+                missing.set(true);
+                u32::MAX
+            }),
+            Err(e) => {
+                failed.replace(Some(e));
+                u32::MAX
+            }
+        };
+        // Most reads take every offer: that prompt is counted first.
+        let offers = usize::from(uncut.summary.is_some()) + uncut.turns.len();
+        let mut cut = exact::cut(uncut, max_tokens, Some(offers), counted);
+        if cut.taken.offers() == 0 {
+            cut.token_count = counted(cut.taken);
+        }
+        if let Some(e) = failed.into_inner() {
+            return Err(ApiError::Template(format!("the chat template failed: {e}")));
+        }
+        if missing.get() {
+            return Ok(None);
+        }
+        if cut.token_count > max_tokens {
+            return Err(ApiError::field(
+                format!("{}max_tokens", self.at),
+                format!(
+                    "the prompt without history (system message, question) counts {} tokens, more than max_tokens",
+                    cut.token_count
+                ),
+            ));
+        }
+        let prompt = match self.prompt {
+            true => Some(
+                render(cut.taken)
+                    .map_err(|e| ApiError::Template(format!("the chat template failed: {e}")))?,
+            ),
+            false => None,
+        };
+        Ok(Some((cut, prompt)))
     }
 }

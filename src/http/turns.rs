@@ -257,9 +257,13 @@ pub async fn start_turn(
     _: NoQuery,
     JsonBody(body): JsonBody<StartTurnRequest>,
 ) -> Result<Response, ApiError> {
-    let start = Start::parse(body, &headers, &app)?;
-    if let Some(read) = &start.history {
+    let mut start = Start::parse(body, &headers, &app)?;
+    if let Some(read) = &mut start.history {
         read.options.encoding.ready().await;
+        if let Some(chat) = &mut read.chat {
+            // The prompt ends with the question.
+            chat.question = Some(start.query.as_str().to_owned());
+        }
     }
     let turn_id = TurnId::generate();
     let texts = (start.query, start.query_en);
@@ -281,11 +285,18 @@ pub async fn start_turn(
     )
     .await;
     let read = start.history.as_ref().map(|r| &r.options);
-    let templated = match read.filter(|o| o.template.is_some()) {
-        Some(read) => Some(
-            read_templated(&*app.store, &start.session_id, start.user_id.as_ref(), read).await?,
-        ),
-        None => None,
+    // A templated history (a history template's, or a chat template's,
+    // cut to its budget) is made before the turn is written.
+    let templated = match &start.history {
+        Some(reading) if reading.options.template.is_some() || reading.chat.is_some() => {
+            let (session, user) = (&start.session_id, start.user_id.as_ref());
+            let before = read_templated(&*app.store, session, user, &reading.options).await?;
+            match reading.cut_apart(before).await {
+                Ok(cut) => Some(cut),
+                Err(e) => return Err(owner_first(&*app.store, session, user, e).await),
+            }
+        }
+        _ => None,
     };
     let key = start.idempotency.as_ref();
     let begin = |history| StartTurn {
@@ -304,6 +315,8 @@ pub async fn start_turn(
         new_session: start.new_session,
         now: now_millis(),
     };
+    // Whether the history is cut already (a chat template's, made before).
+    let mut cut = false;
     let started = match templated {
         None => app.store.start_turn(begin(read)).await?,
         Some(read_before) => {
@@ -313,6 +326,7 @@ pub async fn start_turn(
                 // before the turn, in one operation with the replay.
                 started = app.store.start_turn(begin(read)).await?;
             } else {
+                cut = start.history.as_ref().is_some_and(|r| r.chat.is_some());
                 started.history = Some(StoredHistory {
                     user_id: started.user_id.clone(),
                     ..read_before
@@ -324,6 +338,11 @@ pub async fn start_turn(
     app.metrics.turn_started(started.replayed);
 
     let history = match (started.history, &start.history) {
+        (Some(h), Some(reading)) if cut => Some(HistoryResponse::build(
+            start.session_id.as_str(),
+            h,
+            reading,
+        )),
         (Some(mut h), Some(reading)) => {
             if reading.counts_in_store() {
                 // The turn is written: a failure to count leaves the tokens unknown.
@@ -371,19 +390,35 @@ async fn read_templated(
     read: &Options,
 ) -> Result<StoredHistory, ApiError> {
     match store.history(session, read, now_millis()).await {
-        Err(StoreError::Template(e)) => {
-            // Another owner's session: the start is refused for that, and
-            // its history's effect on the template is not told.
-            if let Some(user) = user
-                && let Some(info) = store.session_info(session, now_millis()).await?
-                && info.user_id.is_some_and(|owner| owner != user.as_str())
-            {
-                return Err(StoreError::OwnerMismatch.into());
-            }
-            Err(StoreError::Template(e).into())
-        }
+        Err(e @ StoreError::Template(_)) => Err(owner_first(store, session, user, e.into()).await),
         read_before => Ok(read_before?),
     }
+}
+
+/// `error`, the failure of a template on a start's history, unless the
+/// session is another owner's: the start is refused for that, and its
+/// history's effect on the template is not told.
+async fn owner_first(
+    store: &dyn Store,
+    session: &SessionId,
+    user: Option<&UserId>,
+    error: ApiError,
+) -> ApiError {
+    if let Some(user) = user {
+        match store.session_info(session, now_millis()).await {
+            Ok(Some(info))
+                if info
+                    .user_id
+                    .as_deref()
+                    .is_some_and(|owner| owner != user.as_str()) =>
+            {
+                return StoreError::OwnerMismatch.into();
+            }
+            Err(e) => return e.into(),
+            _ => {}
+        }
+    }
+    error
 }
 
 /// What "the same body" means for an idempotent replay: the parsed request,

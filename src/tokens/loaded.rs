@@ -15,6 +15,7 @@ use super::Encoding;
 use super::kinds::{adds_up, tiktoken_kind};
 use super::parts::PartCounts;
 use crate::domain::is_file_name;
+use crate::history::template::ChatTemplate;
 
 /// A tokenizer file is at most this large (Llama 3's is 9 MB, Qwen 2.5's 7).
 const MAX_FILE_BYTES: u64 = 64 << 20;
@@ -67,8 +68,11 @@ impl Counting {
 pub struct LoadedTokenizer {
     name: String,
     tokenizer: tokenizers::Tokenizer,
-    /// Its `tokenizer_config.json`'s `chat_template`, if any.
-    chat_template: Option<String>,
+    /// Its `tokenizer_config.json`'s `chat_template`, if any, compiled.
+    chat_template: Option<ChatTemplate>,
+    /// Its added tokens, special ones recognised (a chat template's
+    /// prompt holds them; a user's text counts them as text).
+    specials: tokenizers::AddedVocabulary,
     /// What loading it took of the process's memory (resident set).
     memory: u64,
     /// Bytes of the longest token's text: a rendering longer than this
@@ -107,7 +111,7 @@ impl LoadedTokenizer {
     pub fn from_json(
         name: &str,
         json: &[u8],
-        chat_template: Option<String>,
+        chat_template: Option<ChatTemplate>,
     ) -> Result<Self, String> {
         let mut tokenizer = tokenizers::Tokenizer::from_bytes(json)
             .map_err(|e| format!("not a tokenizer.json: {e}"))?;
@@ -118,6 +122,8 @@ impl LoadedTokenizer {
             .with_truncation(None)
             .map_err(|e| format!("cannot turn its truncation off: {e}"))?;
         tokenizer.with_padding(None);
+        let mut specials = tokenizer.get_added_vocabulary().clone();
+        specials.set_encode_special_tokens(false);
         tokenizer.set_encode_special_tokens(true);
         // A token's text (its vocabulary entry) is at least as long as
         // what it stands for: a byte-level token has a character a byte,
@@ -135,6 +141,7 @@ impl LoadedTokenizer {
             name: name.to_owned(),
             tokenizer,
             chat_template,
+            specials,
             memory: 0,
             longest,
             ranks: None,
@@ -233,8 +240,71 @@ impl LoadedTokenizer {
         &self.name
     }
 
-    pub fn chat_template(&self) -> Option<&str> {
-        self.chat_template.as_deref()
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat_template.as_ref()
+    }
+
+    /// Exact count of a chat template's `prompt`, as a completion
+    /// endpoint counts it: its special tokens recognised (a token each),
+    /// no BOS added (the template writes its own). The pieces between
+    /// special tokens are counted apart (as the tokenizer does), each
+    /// once: later prompts holding one find its count kept. A piece not
+    /// kept is counted (and kept) when `count`, else `None`.
+    pub fn count_prompt(&self, prompt: &str, count: bool) -> Option<u32> {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizer};
+        let mut pieces = self
+            .specials
+            .extract_and_normalize(self.tokenizer.get_normalizer(), prompt);
+        let mut total: usize = 0;
+        let mut missing = false;
+        pieces
+            .split(|_, piece| {
+                let first = piece.offsets_original().0 == 0;
+                let key = self.parts.prompt_key(first, piece.get());
+                let n = match self.parts.get(key) {
+                    Some(n) => n as usize,
+                    // tiktoken's counter counts as the tokenizer does
+                    // (no normalizer, a pre-tokenizer that reads no offset).
+                    None if count && self.ranks.is_some() => {
+                        let ranks = self.ranks.as_ref().unwrap_or_else(|| unreachable!());
+                        let n = CL100K.with(|s| ranks.count(s, piece.get()));
+                        self.parts.put(key, u32::try_from(n).unwrap_or(u32::MAX));
+                        n
+                    }
+                    None if count => {
+                        let mut words = tokenizers::PreTokenizedString::from(piece);
+                        if let Some(pre) = self.tokenizer.get_pre_tokenizer() {
+                            pre.pre_tokenize(&mut words)?;
+                        }
+                        let model = self.tokenizer.get_model();
+                        words.tokenize(|w| tokenizers::Model::tokenize(model, w.get()))?;
+                        let n: usize = words
+                            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+                            .iter()
+                            .map(|(_, _, tokens)| tokens.as_ref().map_or(0, |t| t.len()))
+                            .sum();
+                        self.parts.put(key, u32::try_from(n).unwrap_or(u32::MAX));
+                        n
+                    }
+                    None => {
+                        missing = true;
+                        0
+                    }
+                };
+                total += n;
+                Ok(Vec::<tokenizers::NormalizedString>::new())
+            })
+            .ok()?;
+        if missing {
+            return None;
+        }
+        // What is left are the special tokens.
+        total += pieces
+            .get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .iter()
+            .map(|(_, _, tokens)| tokens.as_ref().map_or(0, |t| t.len()))
+            .sum::<usize>();
+        Some(u32::try_from(total).unwrap_or(u32::MAX))
     }
 
     pub fn memory(&self) -> u64 {
@@ -400,7 +470,15 @@ fn read_one(name: &str, file: &Path) -> Result<LoadedTokenizer, String> {
     let chat_template = if file.file_name().is_some_and(|f| f == "tokenizer.json")
         && config.exists()
     {
-        chat_template(&read_capped(&config)?).map_err(|e| format!("{}: {e}", config.display()))?
+        let at = config.display();
+        let json: serde_json::Value = serde_json::from_slice(&read_capped(&config)?)
+            .map_err(|e| format!("{at}: not JSON: {e}"))?;
+        match chat_template(&json).map_err(|e| format!("{at}: {e}"))? {
+            Some(source) => Some(ChatTemplate::new(&source, &json).map_err(|e| {
+                format!("{at}: its chat_template cannot render a conversation ({e}); remove it to load the tokenizer without one")
+            })?),
+            None => None,
+        }
     } else {
         None
     };
@@ -421,9 +499,7 @@ fn read_capped(file: &Path) -> Result<Vec<u8>, String> {
 
 /// The `chat_template` of a `tokenizer_config.json`: a string, or the
 /// template named `default` of a list of named ones.
-fn chat_template(config: &[u8]) -> Result<Option<String>, String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(config).map_err(|e| format!("not JSON: {e}"))?;
+fn chat_template(v: &serde_json::Value) -> Result<Option<String>, String> {
     Ok(match v.get("chat_template") {
         None | Some(serde_json::Value::Null) => None,
         Some(serde_json::Value::String(t)) => Some(t.clone()),
@@ -563,7 +639,7 @@ pub(crate) mod tests {
         std::fs::write(dir.path().join("chat/tokenizer.json"), TINY_JSON).unwrap();
         std::fs::write(
             dir.path().join("chat/tokenizer_config.json"),
-            r#"{"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ messages }}"}]}"#,
+            r#"{"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ messages|length }}:{{ messages[0].content }}"}]}"#,
         )
         .unwrap();
         std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
@@ -571,11 +647,10 @@ pub(crate) mod tests {
         let loaded = Tokenizers::load(Some(dir.path())).unwrap();
 
         assert_eq!(loaded.names().collect::<Vec<_>>(), ["chat", "tiny"]);
-        assert_eq!(
-            loaded.get("chat").unwrap().chat_template(),
-            Some("{{ messages }}")
-        );
-        assert_eq!(loaded.get("tiny").unwrap().chat_template(), None);
+        let chat = loaded.get("chat").unwrap().chat_template().unwrap();
+        let m = ChatTemplate::message(crate::history::Role::User, "hi");
+        assert_eq!(chat.render(vec![m], false, 100).unwrap(), "1:hi");
+        assert!(loaded.get("tiny").unwrap().chat_template().is_none());
         assert_eq!(loaded.get("tiny").unwrap().count("the"), 1);
 
         std::fs::write(dir.path().join("bad.json"), "[1, 2]").unwrap();
@@ -585,5 +660,74 @@ pub(crate) mod tests {
             "{e}"
         );
         assert!(e.contains("not a tokenizer.json"), "{e}");
+        std::fs::remove_file(dir.path().join("bad.json")).unwrap();
+
+        // A chat template that cannot render a conversation stops the load.
+        for (template, why) in [
+            ("{% for %}", "syntax error"),
+            (
+                "{{ raise_exception('never') }}",
+                "the template raised: never",
+            ),
+        ] {
+            let config = serde_json::json!({ "chat_template": template }).to_string();
+            std::fs::write(dir.path().join("chat/tokenizer_config.json"), config).unwrap();
+            let e = Tokenizers::load(Some(dir.path())).unwrap_err();
+            assert!(
+                e.contains("tokenizer_config.json: its chat_template"),
+                "{e}"
+            );
+            assert!(e.contains(why), "{e}");
+        }
+        std::fs::write(dir.path().join("chat/tokenizer_config.json"), "{").unwrap();
+        let e = Tokenizers::load(Some(dir.path())).unwrap_err();
+        assert!(e.contains("tokenizer_config.json: not JSON"), "{e}");
+    }
+
+    /// The tiny tokenizer with two special tokens, as a chat model's.
+    pub(crate) fn tiny_with_specials() -> String {
+        let mut t: serde_json::Value = serde_json::from_str(TINY_JSON).unwrap();
+        t["added_tokens"] = serde_json::json!([
+            {"id": 261, "content": "<|im_start|>", "single_word": false, "lstrip": false,
+             "rstrip": false, "normalized": false, "special": true},
+            {"id": 262, "content": "<|im_end|>", "single_word": false, "lstrip": false,
+             "rstrip": false, "normalized": false, "special": true},
+        ]);
+        t.to_string()
+    }
+
+    /// A prompt counts its special tokens as one each, and the pieces
+    /// between them apart (each with the space this tokenizer adds); a
+    /// user's text counts them as text. Pieces are kept once counted.
+    #[test]
+    fn a_prompt_counts_its_special_tokens_and_keeps_its_pieces() {
+        let json = tiny_with_specials();
+        let t = LoadedTokenizer::from_json("tiny", json.as_bytes(), None).unwrap();
+        let mut fresh = tokenizers::Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        fresh.set_encode_special_tokens(false);
+        let fresh = |text: &str| fresh.encode_fast(text, false).unwrap().len() as u32;
+        for prompt in [
+            "<|im_start|>user\nthe hello<|im_end|>\n<|im_start|>assistant\n",
+            "the the<|im_end|><|im_end|>  hell",
+            "",
+            "no specials at all",
+        ] {
+            assert_eq!(
+                t.count_prompt(prompt, false),
+                if prompt.is_empty() { Some(0) } else { None }
+            );
+            assert_eq!(
+                t.count_prompt(prompt, true),
+                Some(fresh(prompt)),
+                "{prompt:?}"
+            );
+            assert_eq!(
+                t.count_prompt(prompt, false),
+                Some(fresh(prompt)),
+                "{prompt:?}"
+            );
+        }
+        assert_eq!(t.count_prompt("<|im_start|><|im_end|>", false), Some(2));
+        assert!(t.count("<|im_start|>") > 2);
     }
 }

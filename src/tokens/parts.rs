@@ -63,6 +63,17 @@ impl PartCounts {
         hasher.digest128()
     }
 
+    /// The key of a piece of a chat prompt between special tokens, as
+    /// the tokenizer normalized it, at the prompt's start (`first`) or
+    /// after its start (a pre-tokenizer may add a space to the first
+    /// piece only): keys of their own (first bytes 0xFC, 0xFD).
+    pub fn prompt_key(&self, first: bool, normalized: &str) -> u128 {
+        let mut hasher = Xxh3::with_secret(self.secret);
+        hasher.update(&[if first { 0xFD } else { 0xFC }]);
+        hasher.update(normalized.as_bytes());
+        hasher.digest128()
+    }
+
     fn shard(&self, key: u128) -> std::sync::MutexGuard<'_, Shard> {
         self.shards[(key as usize) % SHARDS]
             .lock()

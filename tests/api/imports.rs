@@ -7,7 +7,7 @@ use std::time::Duration;
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{Backend, TestApp, count, ok_json, problem, seqs, sid};
+use crate::support::{Backend, TestApp, count, error_fields, ok_json, problem, seqs, sid};
 
 conformance!(
     a_transcript_becomes_finalized_turns,
@@ -119,13 +119,7 @@ async fn bad_transcripts_name_the_message_and_write_nothing(backend: Backend) {
     ] {
         let body = json!({"messages": messages});
         let p = problem(app.import(&s, body.clone()).await, 422, "validation_failed").await;
-        let fields: Vec<&str> = p["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["field"].as_str().unwrap())
-            .collect();
-        assert!(fields.contains(&field), "{body}: {p}");
+        assert!(error_fields(&p).contains(&field), "{body}: {p}");
     }
     // An odd transcript ending on an assistant message: its role is wrong,
     // and nothing else is said of it.

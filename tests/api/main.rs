@@ -46,6 +46,7 @@ macro_rules! conformance {
     };
 }
 
+mod chat;
 mod cors;
 mod edge;
 mod imports;

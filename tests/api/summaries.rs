@@ -5,7 +5,7 @@
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::support::{Backend, TestApp, count, ok_json, problem, seqs, sid};
+use crate::support::{Backend, TestApp, count, error_fields, ok_json, problem, seqs, sid};
 
 conformance!(
     a_summary_is_written_read_and_deleted,
@@ -23,15 +23,6 @@ conformance!(
 );
 
 impl TestApp {
-    async fn put_summary(&self, session: &str, body: Value) -> Response {
-        self.http
-            .put(self.url(&format!("/v1/sessions/{session}/summary")))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-    }
-
     async fn get_summary(&self, session: &str) -> Response {
         self.http
             .get(self.url(&format!("/v1/sessions/{session}/summary")))
@@ -139,13 +130,7 @@ async fn bad_summary_writes_change_nothing(backend: Backend) {
         ),
     ] {
         let p = problem(put(body.clone()).await, 422, "validation_failed").await;
-        let fields: Vec<&str> = p["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["field"].as_str().unwrap())
-            .collect();
-        assert!(fields.contains(&field), "{body}: {p}");
+        assert!(error_fields(&p).contains(&field), "{body}: {p}");
     }
     problem(
         put(json!({"summary": "x".repeat(65), "through_seq": 1})).await,

@@ -178,6 +178,15 @@ impl TestApp {
             .unwrap()
     }
 
+    pub async fn put_summary(&self, session: &str, body: Value) -> Response {
+        self.http
+            .put(self.url(&format!("/v1/sessions/{session}/summary")))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn history(&self, session: &str, query: &str) -> Response {
         self.http
             .get(self.url(&format!("/v1/sessions/{session}/history?{query}")))
@@ -325,6 +334,16 @@ pub async fn problem(res: Response, status: u16, code: &str) -> Value {
         assert!(v[field].is_string(), "no {field}: {body}");
     }
     v
+}
+
+/// The fields a 422 `validation_failed` names, in its order.
+pub fn error_fields(p: &Value) -> Vec<&str> {
+    p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["field"].as_str().unwrap())
+        .collect()
 }
 
 /// The seqs of a `turns` history, in its order.

@@ -280,12 +280,8 @@ async fn with_a_summary(app: &TestApp, encoding: &str, t: &Tokenizer) {
     }
     let summary = format!("{}\n{}", CORPUS[1].1, CORPUS[2].1);
     let res = app
-        .http
-        .put(app.url(&format!("/v1/sessions/{s}/summary")))
-        .json(&json!({"summary": summary, "through_seq": 2}))
-        .send()
-        .await
-        .unwrap();
+        .put_summary(&s, json!({"summary": summary, "through_seq": 2}))
+        .await;
     assert!(res.status().is_success(), "{}", res.text().await.unwrap());
     for format in ["text", "messages"] {
         let read = format!("encoding={encoding}&format={format}&summary=true");

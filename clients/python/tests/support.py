@@ -10,6 +10,7 @@ import subprocess
 import threading
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import httpx
@@ -183,3 +184,15 @@ class AsyncScriptedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def real_tokenizers() -> str:
+    """The real tokenizers `scripts/fetch-tokenizers` brings (scripts/test
+    names where: TURNSTORE_TEST_TOKENIZERS)."""
+    found = os.environ.get("TURNSTORE_TEST_TOKENIZERS")
+    if found:
+        return found
+    root = Path(__file__).resolve().parents[3]
+    there = root / "target" / "tokenizers"
+    subprocess.run([str(root / "scripts" / "fetch-tokenizers"), str(there)], check=True)
+    return str(there)

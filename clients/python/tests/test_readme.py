@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Tuple, Union
 
 import pytest
-from support import Server, start_turnstore
+from support import Server, real_tokenizers, start_turnstore
 
 HERE = Path(__file__).resolve().parent.parent
 READMES = {
@@ -172,19 +172,13 @@ STRATEGIES = {
         '"encoding":"llama3","token_count":62',
         '"encoding":"llama3","token_count":24',
         '"stopped_by":"max_tokens"',
+        '"token_count":31',
+        '"prompt":"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\\n\\n'
+        "How much memory does it take?<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+        "\\n\\nAbout 1.5 times the vectors.<|eot_id|><|start_header_id|>assistant"
+        '<|end_header_id|>\\n\\n"',
     ],
 }
-
-
-def real_tokenizers() -> str:
-    """The real tokenizers `scripts/fetch-tokenizers` brings (scripts/test
-    names where: TURNSTORE_TEST_TOKENIZERS)."""
-    found = os.environ.get("TURNSTORE_TEST_TOKENIZERS")
-    if found:
-        return found
-    there = ROOT / "target" / "tokenizers"
-    subprocess.run([str(ROOT / "scripts" / "fetch-tokenizers"), str(there)], check=True)
-    return str(there)
 
 
 @pytest.fixture(params=["memory", "redis"])

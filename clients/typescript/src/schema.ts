@@ -475,6 +475,32 @@ export interface components {
              * @example xml
              */
             template?: string | null;
+            /**
+             * @description With `format=messages` (implied when no format is given): budget
+             *     and count the prompt the messages make through the chat template
+             *     of the tokenizer counting (`encoding`, or `model` in the model
+             *     table; one whose `tokenizer_config.json` has a `chat_template`),
+             *     special tokens and all: `token_count` is the prompt's. In a start,
+             *     the prompt ends with the new question and the template's
+             *     generation prompt, ready for a completion endpoint. Whole turns
+             *     only, as always. No such tokenizer: 422 `validation_failed`; a
+             *     template that raises on the conversation: 422 `template_error`
+             *     (nothing is written).
+             */
+            chat_template?: boolean | null;
+            /**
+             * @description With `chat_template=true`: also return the rendered prompt
+             *     (`prompt`).
+             */
+            prompt?: boolean | null;
+            /**
+             * @description With `chat_template=true`: a system message the prompt begins with
+             *     (at most 64 KiB in a start's body; 4,096 characters in a query
+             *     string, which an HTTP server holds to 64 KiB), counted in
+             *     `max_tokens`. A summary joins it, after a blank line, in the one
+             *     system message.
+             */
+            system?: string | null;
         };
         /**
          * @description The history, budgeted and rendered in one format.
@@ -531,6 +557,12 @@ export interface components {
              *     first.
              */
             messages?: components["schemas"]["Message"][];
+            /**
+             * @description `chat_template=true` with `prompt=true`: the prompt the chat
+             *     template rendered (what `token_count` counts), to send to a
+             *     completion endpoint as it is.
+             */
+            prompt?: string;
             /** @description `format=turns`: the included turns, oldest first. */
             turns?: components["schemas"]["Turn"][];
             /**
@@ -1362,6 +1394,32 @@ export interface operations {
                  * @example xml
                  */
                 template?: string;
+                /**
+                 * @description With `format=messages` (implied when no format is given): budget
+                 *     and count the prompt the messages make through the chat template
+                 *     of the tokenizer counting (`encoding`, or `model` in the model
+                 *     table; one whose `tokenizer_config.json` has a `chat_template`),
+                 *     special tokens and all: `token_count` is the prompt's. In a start,
+                 *     the prompt ends with the new question and the template's
+                 *     generation prompt, ready for a completion endpoint. Whole turns
+                 *     only, as always. No such tokenizer: 422 `validation_failed`; a
+                 *     template that raises on the conversation: 422 `template_error`
+                 *     (nothing is written).
+                 */
+                chat_template?: boolean;
+                /**
+                 * @description With `chat_template=true`: also return the rendered prompt
+                 *     (`prompt`).
+                 */
+                prompt?: boolean;
+                /**
+                 * @description With `chat_template=true`: a system message the prompt begins with
+                 *     (at most 64 KiB in a start's body; 4,096 characters in a query
+                 *     string, which an HTTP server holds to 64 KiB), counted in
+                 *     `max_tokens`. A summary joins it, after a blank line, in the one
+                 *     system message.
+                 */
+                system?: string;
             };
             header?: never;
             path: {

@@ -262,7 +262,7 @@ fn macro_line(source: &str, name: &str) -> Option<usize> {
 
 /// What a template's author needs of an engine error: its line (or the
 /// macro's, when the engine gives none) and what went wrong.
-fn engine_error(e: &minijinja::Error, fallback_line: Option<usize>) -> TemplateError {
+pub(super) fn engine_error(e: &minijinja::Error, fallback_line: Option<usize>) -> TemplateError {
     let message = match e.detail() {
         Some(detail) => format!("{}: {detail}", e.kind()),
         None => e.kind().to_string(),
