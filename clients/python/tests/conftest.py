@@ -8,6 +8,7 @@ servers are shared across tests.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -133,6 +134,54 @@ def templates_server(request: pytest.FixtureRequest, templates_dir: Path) -> Ite
     store: str = request.param
     env = _store_env(store, request)
     env["TURNSTORE_TEMPLATES_DIR"] = str(templates_dir)
+    srv = start_turnstore(store, env)
+    yield srv
+    srv.stop()
+
+
+# A loaded tokenizer with a chat template (TURNSTORE_TOKENIZERS_DIR of
+# ``chat_server``): the repository's tiny BPE fixture with ChatML's special
+# tokens, and ChatML as its template.
+TINY_TOKENIZER = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-tokenizer.json"
+CHATML_TOKENS = [
+    {
+        "id": 261 + i,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
+    for i, content in enumerate(["<|im_start|>", "<|im_end|>"])
+]
+CHATML = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tokenizers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TURNSTORE_TOKENIZERS_DIR holding ``chat``, a tokenizer with a chat template."""
+    directory = tmp_path_factory.mktemp("tokenizers")
+    (directory / "chat").mkdir()
+    tokenizer = json.loads(TINY_TOKENIZER.read_text("utf-8"))
+    tokenizer["added_tokens"] = CHATML_TOKENS
+    (directory / "chat" / "tokenizer.json").write_text(json.dumps(tokenizer), "utf-8")
+    config = {"chat_template": CHATML, "eos_token": "<|im_end|>"}
+    (directory / "chat" / "tokenizer_config.json").write_text(json.dumps(config), "utf-8")
+    return directory
+
+
+@pytest.fixture(scope="session", params=["memory", "redis"])
+def chat_server(request: pytest.FixtureRequest, tokenizers_dir: Path) -> Iterator[Server]:
+    """A turnstore with the ``chat`` tokenizer of ``tokenizers_dir``, once per store."""
+    store: str = request.param
+    env = _store_env(store, request)
+    env["TURNSTORE_TOKENIZERS_DIR"] = str(tokenizers_dir)
     srv = start_turnstore(store, env)
     yield srv
     srv.stop()

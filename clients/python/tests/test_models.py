@@ -95,6 +95,43 @@ def test_v1_1_history_options_encoding() -> None:
     assert HistoryOptions(summary=False).to_params() == {"summary": "false"}
 
 
+def test_chat_template_options_encoding() -> None:
+    options = HistoryOptions(encoding="chat", chat_template=True, prompt=False, system="Be brief.")
+    assert options.to_params() == {
+        "encoding": "chat",
+        "chat_template": "true",
+        "prompt": "false",
+        "system": "Be brief.",
+    }
+    assert options.to_json() == {
+        "encoding": "chat",
+        "chat_template": True,
+        "prompt": False,
+        "system": "Be brief.",
+    }
+
+
+def test_a_history_with_its_prompt() -> None:
+    data: Dict[str, Any] = {
+        "session_id": "s",
+        "user_id": None,
+        "format": "messages",
+        "encoding": "chat",
+        "token_count": 12,
+        "total_turns": 0,
+        "included_turns": 0,
+        "omitted_turns": 0,
+        "pending_turns": 0,
+        "stopped_by": None,
+        "unsummarized": None,
+        "messages": [{"role": "system", "content": "S"}],
+        "prompt": "<|im_start|>system\nS<|im_end|>\n",
+    }
+    assert History.from_json(data).prompt == "<|im_start|>system\nS<|im_end|>\n"
+    del data["prompt"]
+    assert History.from_json(data).prompt is None
+
+
 _TURN = {
     "turn_id": "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a",
     "seq": 3,

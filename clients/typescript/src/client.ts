@@ -294,7 +294,10 @@ export class TurnstoreClient {
    * `options.format`: `rendered` for text (the default, and with a
    * `template`), `messages`, `turns`. Every history has `unsummarized`.
    * An unknown `template` is a 404 `template_not_found`, one that fails while
-   * rendering a 422 `template_error`.
+   * rendering a 422 `template_error`. `chat_template: true` budgets the
+   * prompt the messages make through the chat template of the tokenizer
+   * named by `encoding` (or `model`), `system` beginning it: a `messages`
+   * history, with that prompt as `prompt` when `prompt: true`.
    */
   async getHistory<O extends HistoryOptions = Record<never, never>>(
     sessionId: string,
@@ -312,7 +315,8 @@ export class TurnstoreClient {
     return required(data, response) as HistoryFor<O>;
   }
 
-  /** Reads the `text` rendering alone (`Accept: text/plain`), with its token count. */
+  /** Reads the `text` rendering alone (`Accept: text/plain`), with its token count (no
+   * chat template: a chat template's prompt is `getHistory`'s `prompt`). */
   async getHistoryText(
     sessionId: string,
     options?: TextHistoryOptions,

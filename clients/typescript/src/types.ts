@@ -53,22 +53,47 @@ export type Encoding = components["schemas"]["Encoding"];
  * what the client hands openapi-fetch, a loaded tokenizer's name cast. */
 export type WireHistoryQuery = NonNullable<GetHistoryOp["parameters"]["query"]>;
 
+/** The options of a read through a loaded tokenizer's chat template. */
+type ChatTemplateOption = "chat_template" | "prompt" | "system";
+/** Without `chat_template: true`, `prompt` and `system` are refused (422). */
+interface NoChatTemplate {
+  chat_template?: false;
+  prompt?: never;
+  system?: never;
+}
+
 /**
  * How to select and render a history: the query parameters of get_history,
  * also accepted as a start's `history` (same names, same rules). A
  * `template` renders text only, so it admits no other `format` (the server
- * answers 422 to one).
+ * answers 422 to one); `chat_template: true` renders messages only, without
+ * a `template`, and is what `prompt` and `system` need.
  */
 export type HistoryOptions =
-  | (Omit<HistoryQuery, "template"> & { template?: never })
-  | (Omit<HistoryQuery, "template" | "format"> & {
-      /** Render with this template (built-ins `xml`, `markdown`; others from the
-       * server's `TURNSTORE_TEMPLATES_DIR`) instead of the `text` format. */
-      template: string;
-      format?: "text";
+  | (Omit<HistoryQuery, "template" | ChatTemplateOption> & NoChatTemplate & { template?: never })
+  | (Omit<HistoryQuery, "template" | "format" | ChatTemplateOption> &
+      NoChatTemplate & {
+        /** Render with this template (built-ins `xml`, `markdown`; others from the
+         * server's `TURNSTORE_TEMPLATES_DIR`) instead of the `text` format. */
+        template: string;
+        format?: "text";
+      })
+  | (Omit<HistoryQuery, "template" | "format" | ChatTemplateOption> & {
+      /** Budget and count the prompt the messages make through the chat template of the
+       * loaded tokenizer named by `encoding` (or `model`), special tokens and all: `token_count`
+       * is the prompt's. In a start, the prompt ends with the new question and the template's
+       * generation prompt. A tokenizer without one: 422 `validation_failed`. */
+      chat_template: true;
+      /** Also return the rendered prompt (`prompt`). */
+      prompt?: boolean;
+      /** A system message the prompt (and `messages`) begins with, at most 64 KiB, counted in
+       * `max_tokens`; a `summary` joins it after a blank line. */
+      system?: string;
+      format?: "messages";
+      template?: never;
     });
-/** History options of the text/plain rendering, which has one format. */
-export type TextHistoryOptions = Omit<HistoryQuery, "format">;
+/** History options of the text/plain rendering, which has one format (and no chat template). */
+export type TextHistoryOptions = Omit<HistoryQuery, "format" | ChatTemplateOption>;
 export type HistoryResponse = JsonBody<GetHistoryOp["responses"][200]>;
 export type HistoryFormat = HistoryResponse["format"];
 export type HistoryMessage = NonNullable<HistoryResponse["messages"]>[number];
@@ -108,20 +133,24 @@ export type FieldError = NonNullable<Problem["errors"]>[number];
 /**
  * A history response narrowed by the format it was asked for: the server
  * returns exactly one of `rendered`, `messages`, `turns` (API.md), and `text`
- * when no format is given (a `template` renders into `rendered` too). A
- * `turns` history read with `summary: true` also has `summary` when the
- * session has one and it fit the budget.
+ * when no format is given (a `template` renders into `rendered` too), but
+ * `messages` with `chat_template: true`, and then the rendered `prompt` with
+ * `prompt: true`. A `turns` history read with `summary: true` also has
+ * `summary` when the session has one and it fit the budget.
  */
-export type HistoryFor<O> = O extends { format: "messages" }
-  ? HistoryResponse & { format: "messages"; messages: HistoryMessage[] }
-  : O extends { format: "turns" }
-    ? HistoryResponse & { format: "turns"; turns: Turn[] }
-    : // Options without `format` at all ({ limit: 1 }) are text too; a check
-      // against { format?: undefined } alone would miss them (TypeScript's
-      // weak-type rule: no common property, so no match).
-      "format" extends keyof O
-      ? O extends { format?: "text" | undefined }
-        ? TextHistory
-        : HistoryResponse
-      : TextHistory;
+export type HistoryFor<O> = O extends { chat_template: true }
+  ? MessagesHistory & (O extends { prompt: true } ? { prompt: string } : unknown)
+  : O extends { format: "messages" }
+    ? MessagesHistory
+    : O extends { format: "turns" }
+      ? HistoryResponse & { format: "turns"; turns: Turn[] }
+      : // Options without `format` at all ({ limit: 1 }) are text too; a check
+        // against { format?: undefined } alone would miss them (TypeScript's
+        // weak-type rule: no common property, so no match).
+        "format" extends keyof O
+        ? O extends { format?: "text" | undefined }
+          ? TextHistory
+          : HistoryResponse
+        : TextHistory;
 type TextHistory = HistoryResponse & { format: "text"; rendered: string };
+type MessagesHistory = HistoryResponse & { format: "messages"; messages: HistoryMessage[] };

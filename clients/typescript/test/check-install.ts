@@ -59,7 +59,14 @@ export async function seqs(sessionId: string): Promise<number[]> {
 `;
 
 /** README.md's sections whose first ```ts block is a whole module a consumer could copy. */
-const README_EXAMPLES = ["A RAG request", "Translations", "Rolling summaries", "Templates", "Import and export"];
+const README_EXAMPLES = [
+  "A RAG request",
+  "Translations",
+  "Rolling summaries",
+  "Templates",
+  "Chat templates",
+  "Import and export",
+];
 
 /** Those blocks, by file name. */
 function readmeExamples(): Map<string, string> {

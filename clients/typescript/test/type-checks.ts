@@ -79,6 +79,33 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   await client.getHistory("s", { template: "xml", format: "turns" });
   // @ts-expect-error only "en" is a language
   await client.getHistory("s", { lang: "de" });
+  // Chat templates: a messages history (whatever `format` says: none), its prompt a string when asked for.
+  const chat = await client.getHistory("s", { encoding: "chat", chat_template: true, prompt: true, system: "Be brief." });
+  const chatContents: string[] = chat.messages.map((m) => m.content);
+  const chatPrompt: string = chat.prompt;
+  const counted = await client.getHistory("s", { encoding: "chat", chat_template: true, format: "messages" });
+  const maybePrompt: string | undefined = counted.prompt;
+  void [chatContents, chatPrompt, maybePrompt];
+  // @ts-expect-error a prompt only when asked for
+  const noPrompt: string = counted.prompt;
+  void noPrompt;
+  const startedChat = await client.startTurn({
+    userQuery: "q",
+    history: { encoding: "chat", chat_template: true, prompt: true },
+  });
+  const startPrompt: string = startedChat.history.prompt;
+  void startPrompt;
+  // @ts-expect-error prompt needs chat_template: true
+  await client.getHistory("s", { encoding: "chat", prompt: true });
+  // @ts-expect-error system needs chat_template: true
+  await client.getHistory("s", { encoding: "chat", system: "Be brief." });
+  // @ts-expect-error a chat template renders messages only
+  await client.getHistory("s", { chat_template: true, format: "turns" });
+  // @ts-expect-error a chat template and a template do not mix
+  await client.getHistory("s", { chat_template: true, template: "xml" });
+  // @ts-expect-error text/plain has no chat template
+  await client.getHistoryText("s", { encoding: "chat", chat_template: true });
+
   // Every history has `unsummarized`; a turns history may carry the summary; turns their English copies.
   const left: Unsummarized | null = asTurns.unsummarized;
   const tokens: number | null | undefined = left?.tokens;

@@ -358,6 +358,9 @@ def history_options(
     lang: Optional[Language] = None,
     summary: Optional[bool] = None,
     template: Optional[str] = None,
+    chat_template: Optional[bool] = None,
+    prompt: Optional[bool] = None,
+    system: Optional[str] = None,
 ) -> HistoryOptions:
     """``options`` with the keyword arguments that are set taking precedence."""
     base = options if options is not None else HistoryOptions()
@@ -375,6 +378,9 @@ def history_options(
         "lang": lang,
         "summary": summary,
         "template": template,
+        "chat_template": chat_template,
+        "prompt": prompt,
+        "system": system,
     }
     merged = base.to_json()
     merged.update({k: v for k, v in overrides.items() if v is not None})

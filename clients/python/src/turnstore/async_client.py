@@ -208,6 +208,9 @@ class AsyncClient:
         lang: Optional[Language] = None,
         summary: Optional[bool] = None,
         template: Optional[str] = None,
+        chat_template: Optional[bool] = None,
+        prompt: Optional[bool] = None,
+        system: Optional[str] = None,
     ) -> History:
         """A session's finalized turns, newest first up to the bounds, in one
         format; keyword arguments override the fields of ``options`` (see
@@ -218,7 +221,11 @@ class AsyncClient:
         renders the English copies; ``template`` renders with a server
         template (``xml``, ``markdown``, or the operator's): an unknown one
         raises :class:`NotFoundError` (``template_not_found``), one that
-        fails :class:`ValidationError` (``template_error``)."""
+        fails :class:`ValidationError` (``template_error``).
+        ``chat_template=True`` budgets the prompt the messages make through
+        the chat template of the tokenizer named by ``encoding`` (or
+        ``model``), ``system=`` beginning it; ``prompt=True`` also returns
+        that prompt (:attr:`History.prompt`)."""
         opts = _core.history_options(
             options,
             limit=limit,
@@ -234,6 +241,9 @@ class AsyncClient:
             lang=lang,
             summary=summary,
             template=template,
+            chat_template=chat_template,
+            prompt=prompt,
+            system=system,
         )
         call = _core.history_call(session_id, opts)
         return _core.parse(await self._send(call), call.request_id, History.from_json)

@@ -103,6 +103,21 @@ class HistoryOptions:
             ``markdown``, or one of the server's ``TURNSTORE_TEMPLATES_DIR``)
             instead of the ``text`` layout; ``format`` must then be ``text``
             or unset.
+        chat_template: budget and count the prompt the messages make
+            through the chat template of the loaded tokenizer named by
+            ``encoding`` (or by ``model`` in the server's model table),
+            special tokens included: ``token_count`` is the prompt's. In a
+            start the prompt ends with the new question and the template's
+            generation prompt. ``format`` must then be ``messages`` or unset
+            (unset means ``messages``); a tokenizer without a chat template
+            raises :class:`ValidationError` (``validation_failed``), a
+            template that raises on the conversation ``template_error``.
+        prompt: with ``chat_template``, also return the rendered prompt
+            (:attr:`History.prompt`).
+        system: with ``chat_template``, a system message the prompt begins
+            with (at most 64 KiB), counted in ``max_tokens``; with
+            ``summary=True`` the summary joins it after a blank line. The
+            returned ``messages`` then begin with it.
     """
 
     limit: Optional[int] = None
@@ -118,6 +133,9 @@ class HistoryOptions:
     lang: Optional[Language] = None
     summary: Optional[bool] = None
     template: Optional[str] = None
+    chat_template: Optional[bool] = None
+    prompt: Optional[bool] = None
+    system: Optional[str] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The set options, as the ``history`` object of a start request."""
@@ -255,6 +273,11 @@ class History:
     a summary folded from this history is written with it, as
     ``put_summary(..., expected_generation=history.generation)``, so that it
     cannot land on a session cleared and started again under the same id.
+
+    ``prompt`` is the prompt the chat template rendered (what
+    ``token_count`` counts), for a completion endpoint as it is: set when
+    the history was read with ``chat_template=True`` and ``prompt=True``,
+    else ``None``.
     """
 
     session_id: str
@@ -273,6 +296,7 @@ class History:
     summary: Optional[Summary] = None
     unsummarized: Optional[Unsummarized] = None
     generation: Optional[str] = None
+    prompt: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> History:
@@ -301,6 +325,7 @@ class History:
             summary=None if summary is None else Summary.from_json(summary),
             unsummarized=None if unsummarized is None else Unsummarized.from_json(unsummarized),
             generation=data.get("generation"),
+            prompt=data.get("prompt"),
         )
 
     def chat_messages(self) -> List[Message]:

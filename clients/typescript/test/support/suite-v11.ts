@@ -1,10 +1,11 @@
 // The behaviour tests of API v1.1 (translations, summaries, templates,
-// import and export), run inside clientSuite against the real binary on
-// each store.
+// chat templates, import and export), run inside clientSuite against the
+// real binary on each store.
 import assert from "node:assert/strict";
-import { writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { before, describe, it } from "node:test";
+import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
   type ExportedSession,
@@ -45,6 +46,41 @@ const TEMPLATE_FILES: Record<string, string> = {
 export function writeTemplates(dir: string): void {
   for (const [name, text] of Object.entries(TEMPLATE_FILES)) writeFileSync(join(dir, name), text);
 }
+
+/** ChatML, the chat template of the `chat` tokenizer (Jinja turns each `\\n` into a newline). */
+const CHATML =
+  "{%- for message in messages %}" +
+  "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}" +
+  "{%- endfor %}" +
+  "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+/**
+ * Writes `chat` into a TURNSTORE_TOKENIZERS_DIR: the repository's tiny BPE
+ * fixture with ChatML's special tokens added, and ChatML as its chat template.
+ */
+export function writeChatTokenizer(dir: string): void {
+  const fixture = new URL("../../../../tests/fixtures/tiny-tokenizer.json", import.meta.url);
+  const tokenizer = JSON.parse(readFileSync(fixture, "utf8")) as Record<string, unknown>;
+  tokenizer["added_tokens"] = ["<|im_start|>", "<|im_end|>"].map((content, i) => ({
+    id: 261 + i,
+    content,
+    single_word: false,
+    lstrip: false,
+    rstrip: false,
+    normalized: false,
+    special: true,
+  }));
+  mkdirSync(join(dir, "chat"));
+  writeFileSync(join(dir, "chat", "tokenizer.json"), JSON.stringify(tokenizer));
+  writeFileSync(
+    join(dir, "chat", "tokenizer_config.json"),
+    JSON.stringify({ chat_template: CHATML, eos_token: "<|im_end|>" }),
+  );
+}
+
+/** What ChatML renders of these messages (without a generation prompt). */
+const chatml = (...messages: [role: string, content: string][]): string =>
+  messages.map(([role, content]) => `<|im_start|>${role}\n${content}<|im_end|>\n`).join("");
 
 const HEADER = "### Conversation history:\n";
 
@@ -614,6 +650,128 @@ export function v11Suites(context: SuiteContext): void {
           ["format"],
         );
       }
+    });
+  });
+
+  describe("chat templates", () => {
+    let tokenizersDir: string;
+    let chatBackend: Backend;
+    let chat: TurnstoreClient;
+    const CHAT = { encoding: "chat", chat_template: true, prompt: true } as const;
+    /** A session of the chat server holding these finalized turns. */
+    const chatSession = async (...turns: [question: string, answer: string][]): Promise<string> => {
+      const sessionId = id("s");
+      for (const [question, answer] of turns) {
+        const started = await chat.startTurn({ sessionId, userQuery: question });
+        await chat.finalizeTurn(sessionId, started.turn_id, answer);
+      }
+      return sessionId;
+    };
+
+    before(async () => {
+      tokenizersDir = mkdtempSync(join(tmpdir(), "turnstore-tokenizers-"));
+      writeChatTokenizer(tokenizersDir);
+      chatBackend = await context.startBackend({ TURNSTORE_TOKENIZERS_DIR: tokenizersDir });
+      chat = new TurnstoreClient({ baseUrl: chatBackend.baseUrl });
+    });
+    after(async () => {
+      await chatBackend?.stop();
+      if (tokenizersDir) rmSync(tokenizersDir, { recursive: true, force: true });
+    });
+
+    it("budgets a messages history as its chat template's prompt, and returns the prompt with prompt: true", async () => {
+      const sessionId = await chatSession(["What is HNSW?", "A graph index."]);
+      const history = await chat.getHistory(sessionId, { ...CHAT, system: "Be brief." });
+      assert.equal(
+        history.prompt,
+        chatml(["system", "Be brief."], ["user", "What is HNSW?"], ["assistant", "A graph index."]),
+      );
+      assert.equal(history.format, "messages");
+      assert.equal(history.encoding, "chat");
+      assert.deepEqual(history.messages, [
+        { role: "system", content: "Be brief." },
+        { role: "user", content: "What is HNSW?" },
+        { role: "assistant", content: "A graph index." },
+      ]);
+      assert.ok(Number.isInteger(history.token_count) && history.token_count > 0, `${history.token_count}`);
+      // The same count without the prompt, which is then absent; and none without chat_template.
+      const counted = await chat.getHistory(sessionId, { encoding: "chat", chat_template: true, system: "Be brief." });
+      assert.equal(counted.token_count, history.token_count);
+      assert.equal("prompt" in counted, false);
+      assert.equal("prompt" in (await chat.getHistory(sessionId, { encoding: "chat", format: "messages" })), false);
+    });
+
+    it("keeps the newest turns whose prompt fits max_tokens", async () => {
+      const sessionId = await chatSession(["q1", "a1"], ["q2", "a2"]);
+      const whole = await chat.getHistory(sessionId, CHAT);
+      assert.equal(whole.included_turns, 2);
+      const cut = await chat.getHistory(sessionId, { ...CHAT, max_tokens: whole.token_count - 1 });
+      assert.equal(cut.included_turns, 1);
+      assert.equal(cut.stopped_by, "max_tokens");
+      assert.ok(cut.token_count > 0 && cut.token_count < whole.token_count, `${cut.token_count}`);
+      assert.equal(cut.prompt, chatml(["user", "q2"], ["assistant", "a2"]));
+    });
+
+    it("joins the summary to the system message after a blank line", async () => {
+      const sessionId = await chatSession(["q1", "a1"], ["q2", "a2"]);
+      await chat.putSummary(sessionId, { summary: "Asked q1.", throughSeq: 1 });
+      const history = await chat.getHistory(sessionId, { ...CHAT, summary: true, system: "Be brief." });
+      const system = "Be brief.\n\nSummary of the conversation so far:\nAsked q1.";
+      assert.deepEqual(history.messages[0], { role: "system", content: system });
+      assert.equal(history.prompt, chatml(["system", system], ["user", "q2"], ["assistant", "a2"]));
+    });
+
+    it("ends a start's prompt with the new question and the generation prompt", async () => {
+      const sessionId = await chatSession(["What is HNSW?", "A graph index."]);
+      const started = await chat.startTurn({ sessionId, userQuery: "And IVF?", history: CHAT });
+      assert.ok(started.history.prompt.endsWith("<|im_start|>user\nAnd IVF?<|im_end|>\n<|im_start|>assistant\n"));
+      assert.equal(
+        started.history.prompt,
+        chatml(["user", "What is HNSW?"], ["assistant", "A graph index."], ["user", "And IVF?"]) +
+          "<|im_start|>assistant\n",
+      );
+      // The messages are the history's alone, without the new question.
+      assert.deepEqual(
+        started.history.messages.map((m) => m.content),
+        ["What is HNSW?", "A graph index."],
+      );
+      // turn() hands the prompt over too.
+      const done = await chat.turn({ sessionId, userQuery: "Which is faster?", history: CHAT }, (t) => {
+        assert.ok(t.history.prompt.endsWith("<|im_start|>user\nWhich is faster?<|im_end|>\n<|im_start|>assistant\n"));
+        return "HNSW, usually.";
+      });
+      assert.equal(done.turn.seq, 3);
+    });
+
+    it("reports chat_template without a tokenizer that has one as 422 naming it; a start writes nothing", async () => {
+      const sessionId = await chatSession(["q", "a"]);
+      const read = await turnstoreError(chat.getHistory(sessionId, { encoding: "o200k_base", chat_template: true }));
+      assert.equal(read.status, 422);
+      assert.equal(read.code, "validation_failed");
+      assert.deepEqual(
+        read.errors.map((e) => e.field),
+        ["chat_template"],
+      );
+      const start = await turnstoreError(
+        chat.startTurn({ sessionId, userQuery: "q2", history: { encoding: "o200k_base", chat_template: true } }),
+      );
+      assert.equal(start.code, "validation_failed");
+      assert.deepEqual(
+        start.errors.map((e) => e.field),
+        ["history.chat_template"],
+      );
+      const session = await chat.getSession(sessionId);
+      assert.deepEqual([session.turn_count, session.pending_count], [1, 0]);
+    });
+
+    it("refuses prompt and system without chat_template: true (422, and a type error)", async () => {
+      const error = await turnstoreError(
+        // @ts-expect-error prompt and system need chat_template: true
+        chat.getHistory(id("s"), { encoding: "chat", prompt: true, system: "Be brief." }),
+      );
+      assert.equal(error.status, 422);
+      assert.equal(error.code, "validation_failed");
+      assert.deepEqual(error.errors.map((e) => e.field).sort(), ["prompt", "system"]);
     });
   });
 
