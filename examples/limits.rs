@@ -238,7 +238,7 @@ async fn reads(base: &str, url: &str, turns: usize) -> Result<(), Fail> {
             (t.elapsed().as_secs_f64() * 1000.0, status, body.len(), v)
         }
     };
-    let cases: [(&str, &'static str); 6] = [
+    let cases: [(&str, &'static str); 7] = [
         ("max_tokens=10", "limit=10000&max_tokens=10"),
         (
             "max_tokens=10, cl100k_base",
@@ -259,6 +259,11 @@ async fn reads(base: &str, url: &str, turns: usize) -> Result<(), Fail> {
         (
             "maximal, mistral_nemo",
             "limit=10000&max_tokens=1000000&encoding=mistral_nemo",
+        ),
+        // The prompt through Llama 3's chat template, returned.
+        (
+            "maximal, llama3 chat template",
+            "limit=10000&max_tokens=1000000&encoding=llama3&chat_template=true&prompt=true",
         ),
     ];
     for (name, query) in cases {
@@ -286,6 +291,10 @@ async fn reads(base: &str, url: &str, turns: usize) -> Result<(), Fail> {
         (
             "4 maximal at once, mistral_nemo",
             "limit=10000&max_tokens=1000000&encoding=mistral_nemo",
+        ),
+        (
+            "4 maximal at once, qwen2_5 chat",
+            "limit=10000&max_tokens=1000000&encoding=qwen2_5&chat_template=true",
         ),
     ] {
         reset_slowlog(&mut redis);
