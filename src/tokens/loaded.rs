@@ -73,6 +73,12 @@ pub struct LoadedTokenizer {
     /// Its added tokens, special ones recognised (a chat template's
     /// prompt holds them; a user's text counts them as text).
     specials: tokenizers::AddedVocabulary,
+    /// Its added tokens as the tokenizer finds them in a text (leftmost
+    /// longest), when it cuts a text at them and nowhere else: none is
+    /// matched after normalizing, or strips the spaces beside it, or
+    /// needs a word of its own. A prompt whose pieces between them are all
+    /// kept is then counted without normalizing it.
+    cuts: Option<aho_corasick::AhoCorasick>,
     /// What loading it took of the process's memory (resident set).
     memory: u64,
     /// Bytes of the longest token's text: a rendering longer than this
@@ -124,6 +130,17 @@ impl LoadedTokenizer {
         tokenizer.with_padding(None);
         let mut specials = tokenizer.get_added_vocabulary().clone();
         specials.set_encode_special_tokens(false);
+        let added = tokenizer.get_added_tokens_decoder();
+        let cuts = added
+            .values()
+            .all(|t| !(t.normalized || t.lstrip || t.rstrip || t.single_word))
+            .then(|| {
+                aho_corasick::AhoCorasickBuilder::new()
+                    .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                    .build(added.values().map(|t| t.content.as_str()))
+                    .ok()
+            })
+            .flatten();
         tokenizer.set_encode_special_tokens(true);
         // A token's text (its vocabulary entry) is at least as long as
         // what it stands for: a byte-level token has a character a byte,
@@ -142,6 +159,7 @@ impl LoadedTokenizer {
             tokenizer,
             chat_template,
             specials,
+            cuts,
             memory: 0,
             longest,
             ranks: None,
@@ -236,6 +254,30 @@ impl LoadedTokenizer {
         Some(n)
     }
 
+    /// [`LoadedTokenizer::count_prompt`] of a prompt whose pieces are all
+    /// kept, cut where the tokenizer cuts it (`cuts`): the sum of their
+    /// counts, and a token for each added token. `None` when a piece is
+    /// not kept, or the tokenizer may cut elsewhere.
+    fn count_prompt_kept(&self, prompt: &str) -> Option<u32> {
+        let cuts = self.cuts.as_ref()?;
+        // The count kept of the piece `from..to` (none when empty).
+        let piece = |from: usize, to: usize| match from < to {
+            true => self
+                .parts
+                .get(self.parts.prompt_key(from == 0, &prompt[from..to])),
+            false => Some(0),
+        };
+        let mut total: u32 = 0;
+        let mut from = 0;
+        for m in cuts.find_iter(prompt) {
+            total = total
+                .saturating_add(piece(from, m.start())?)
+                .saturating_add(1);
+            from = m.end();
+        }
+        Some(total.saturating_add(piece(from, prompt.len())?))
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -251,6 +293,9 @@ impl LoadedTokenizer {
     /// once: later prompts holding one find its count kept. A piece not
     /// kept is counted (and kept) when `count`, else `None`.
     pub fn count_prompt(&self, prompt: &str, count: bool) -> Option<u32> {
+        if let Some(n) = self.count_prompt_kept(prompt) {
+            return Some(n);
+        }
         use tokenizers::{OffsetReferential, OffsetType, PreTokenizer};
         let mut pieces = self
             .specials
@@ -260,7 +305,13 @@ impl LoadedTokenizer {
         pieces
             .split(|_, piece| {
                 let first = piece.offsets_original().0 == 0;
-                let key = self.parts.prompt_key(first, piece.get());
+                // Known by its text (see `count_prompt_kept`), or else by
+                // its text normalized (a piece is a part of a cut piece).
+                let text = match self.cuts {
+                    Some(_) => piece.get_original(),
+                    None => piece.get(),
+                };
+                let key = self.parts.prompt_key(first, text);
                 let n = match self.parts.get(key) {
                     Some(n) => n as usize,
                     // tiktoken's counter counts as the tokenizer does
@@ -729,5 +780,29 @@ pub(crate) mod tests {
         }
         assert_eq!(t.count_prompt("<|im_start|><|im_end|>", false), Some(2));
         assert!(t.count("<|im_start|>") > 2);
+        // Pieces kept from one prompt count another cut of them, without
+        // normalizing it: the first piece as a first one, the others as not.
+        assert!(t.cuts.is_some());
+        let one = "the<|im_end|>hello  <|im_start|>the";
+        let other = "the<|im_start|>the<|im_end|><|im_end|>hello  ";
+        assert_eq!(t.count_prompt(other, false), None);
+        assert_eq!(t.count_prompt(one, true), Some(fresh(one)));
+        assert_eq!(t.count_prompt(other, false), Some(fresh(other)));
+        assert_eq!(t.count_prompt_kept(other), Some(fresh(other)));
+
+        // A token matched after normalizing: prompts are cut by the
+        // tokenizer itself, its pieces known by their normalized text.
+        let mut normalized: serde_json::Value = serde_json::from_str(&json).unwrap();
+        normalized["added_tokens"][1]["normalized"] = true.into();
+        let normalized = normalized.to_string();
+        let t = LoadedTokenizer::from_json("tiny", normalized.as_bytes(), None).unwrap();
+        assert!(t.cuts.is_none());
+        let mut fresh = tokenizers::Tokenizer::from_bytes(normalized.as_bytes()).unwrap();
+        fresh.set_encode_special_tokens(false);
+        for prompt in [one, other] {
+            let n = fresh.encode_fast(prompt, false).unwrap().len() as u32;
+            assert_eq!(t.count_prompt(prompt, true), Some(n), "{prompt:?}");
+            assert_eq!(t.count_prompt(prompt, false), Some(n), "{prompt:?}");
+        }
     }
 }
