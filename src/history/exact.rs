@@ -26,6 +26,41 @@ pub struct Uncut<'a> {
     pub reserved_first: bool,
 }
 
+impl Uncut<'_> {
+    /// How many offers it makes: the summary, and each turn.
+    pub fn offers(&self) -> usize {
+        usize::from(self.summary.is_some()) + self.turns.len()
+    }
+
+    /// Its first `j` offers, in the rule's order: the summary, the
+    /// reserved first turn, then the newest turns.
+    pub fn first(&self, j: usize) -> Taken {
+        let reserved = usize::from(self.reserved_first && !self.turns.is_empty());
+        let with_summary = usize::from(self.summary.is_some());
+        let taken_turns = j - with_summary.min(j);
+        Taken {
+            summary: with_summary == 1 && j >= 1,
+            reserved: reserved == 1 && taken_turns >= 1,
+            newest: taken_turns.saturating_sub(reserved),
+        }
+    }
+
+    /// The bytes of the texts of each offer, in the rule's order.
+    pub fn offer_bytes(&self) -> impl Iterator<Item = usize> + '_ {
+        let len = self.turns.len();
+        let reserved = usize::from(self.reserved_first && len > 0);
+        let turn = |i: usize| {
+            let t = &self.turns[i].turn;
+            t.user_query.len() + t.final_answer.len()
+        };
+        self.summary
+            .map(str::len)
+            .into_iter()
+            .chain((0..reserved).map(turn))
+            .chain((reserved..len).rev().map(turn))
+    }
+}
+
 /// The offers a rendering takes: the summary or not, the reserved first
 /// turn or not, and the newest `newest` turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,19 +110,8 @@ pub fn cut(
     guess: Option<usize>,
     count: impl Fn(Taken) -> u32,
 ) -> Cut {
-    let turns = uncut.turns.len();
-    let reserved = usize::from(uncut.reserved_first && turns > 0);
-    let with_summary = usize::from(uncut.summary.is_some());
-    let offers = with_summary + turns;
-    // What the first `j` offers are.
-    let take = |j: usize| {
-        let taken_turns = j - with_summary.min(j);
-        Taken {
-            summary: with_summary == 1 && j >= 1,
-            reserved: reserved == 1 && taken_turns >= 1,
-            newest: taken_turns.saturating_sub(reserved),
-        }
-    };
+    let offers = uncut.offers();
+    let take = |j: usize| uncut.first(j);
     // The largest j whose rendering fits: `fits` does (0 always: nothing
     // at all), `over` does not (`offers + 1`: past them all).
     let (mut fits, mut over, mut fits_count) = (0, offers + 1, 0);

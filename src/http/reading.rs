@@ -202,13 +202,7 @@ impl Chat {
     ) -> Result<Option<(Cut, Option<String>)>, ApiError> {
         // A long prompt is rendered and counted apart, even when every
         // piece's count is kept: its rendering takes time.
-        let bytes = uncut.summary.map_or(0, str::len)
-            + uncut
-                .turns
-                .iter()
-                .map(|t| t.turn.user_query.len() + t.turn.final_answer.len())
-                .sum::<usize>();
-        if !count && bytes > INLINE_PROMPT_BYTES {
+        if !count && uncut.offer_bytes().sum::<usize>() > INLINE_PROMPT_BYTES {
             return Ok(None);
         }
         let Some(template) = tokenizer.chat_template() else {
@@ -265,9 +259,35 @@ impl Chat {
                 u32::MAX
             }
         };
-        // Most reads take every offer: that prompt is counted first.
-        let offers = usize::from(uncut.summary.is_some()) + uncut.turns.len();
-        let mut cut = exact::cut(uncut, max_tokens, Some(offers), counted);
+        // Most reads take every offer: that prompt is counted first. When
+        // it does not fit, the cut begins where as many tokens a byte
+        // would fit (near, for most), not at every offer: each count is
+        // a rendering of the prompt.
+        let all = uncut.first(uncut.offers());
+        let mut cut = match counted(all) {
+            n if n <= max_tokens => Cut {
+                taken: all,
+                token_count: n,
+            },
+            // A count it may not take, or a failure: told below.
+            n if missing.get() || failed.borrow().is_some() => Cut {
+                taken: all,
+                token_count: n,
+            },
+            n => {
+                let bytes: usize = uncut.offer_bytes().sum();
+                let fit = bytes as f64 * f64::from(max_tokens) / f64::from(n);
+                let guess = uncut
+                    .offer_bytes()
+                    .scan(0, |sum, b| {
+                        *sum += b;
+                        Some(*sum)
+                    })
+                    .take_while(|&sum| sum as f64 <= fit)
+                    .count();
+                exact::cut(uncut, max_tokens, Some(guess), counted)
+            }
+        };
         if cut.taken.offers() == 0 {
             cut.token_count = counted(cut.taken);
         }
