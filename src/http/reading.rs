@@ -249,11 +249,20 @@ impl Chat {
         };
         let failed = RefCell::new(None);
         let missing = Cell::new(false);
+        // With `prompt`, the largest prompt that fits, as rendered.
+        let kept: RefCell<Option<(Taken, String)>> = RefCell::new(None);
         let counted = |taken: Taken| match render(taken) {
-            Ok(prompt) => tokenizer.count_prompt(&prompt, count).unwrap_or_else(|| {
-                missing.set(true);
-                u32::MAX
-            }),
+            Ok(prompt) => {
+                let n = tokenizer.count_prompt(&prompt, count).unwrap_or_else(|| {
+                    missing.set(true);
+                    u32::MAX
+                });
+                let larger = |k: &(Taken, String)| k.0.offers() < taken.offers();
+                if self.prompt && n <= max_tokens && kept.borrow().as_ref().is_none_or(larger) {
+                    kept.replace(Some((taken, prompt)));
+                }
+                n
+            }
             Err(e) => {
                 failed.replace(Some(e));
                 u32::MAX
@@ -306,12 +315,13 @@ impl Chat {
                 ),
             ));
         }
-        let prompt = match self.prompt {
-            true => Some(
+        let prompt = match kept.into_inner() {
+            Some((taken, prompt)) if taken == cut.taken => Some(prompt),
+            _ if self.prompt => Some(
                 render(cut.taken)
                     .map_err(|e| ApiError::Template(format!("the chat template failed: {e}")))?,
             ),
-            false => None,
+            _ => None,
         };
         Ok(Some((cut, prompt)))
     }
