@@ -131,10 +131,13 @@ def templates_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", params=["memory", "redis"])
 def templates_server(request: pytest.FixtureRequest, templates_dir: Path) -> Iterator[Server]:
     """A turnstore with the operator templates of ``TEMPLATES``, once per store."""
+    yield from _server_with(request, TURNSTORE_TEMPLATES_DIR=str(templates_dir))
+
+
+def _server_with(request: pytest.FixtureRequest, **env: str) -> Iterator[Server]:
+    """A turnstore on the store ``request.param`` names, with ``env`` besides."""
     store: str = request.param
-    env = _store_env(store, request)
-    env["TURNSTORE_TEMPLATES_DIR"] = str(templates_dir)
-    srv = start_turnstore(store, env)
+    srv = start_turnstore(store, {**_store_env(store, request), **env})
     yield srv
     srv.stop()
 
@@ -179,12 +182,7 @@ def tokenizers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session", params=["memory", "redis"])
 def chat_server(request: pytest.FixtureRequest, tokenizers_dir: Path) -> Iterator[Server]:
     """A turnstore with the ``chat`` tokenizer of ``tokenizers_dir``, once per store."""
-    store: str = request.param
-    env = _store_env(store, request)
-    env["TURNSTORE_TOKENIZERS_DIR"] = str(tokenizers_dir)
-    srv = start_turnstore(store, env)
-    yield srv
-    srv.stop()
+    yield from _server_with(request, TURNSTORE_TOKENIZERS_DIR=str(tokenizers_dir))
 
 
 EXPORT_TIMEOUT = "300ms"
