@@ -8,7 +8,10 @@
 // `messages`: every `token_count` equals Tokenizers.js's count of what the
 // read returned, and is within its budget. The corpus has no special-token
 // strings: turnstore counts one a user typed as text, Tokenizers.js as the
-// special token.
+// special token. Through the chat templates of Llama 3, Qwen 2.5 and Mistral
+// Nemo (`chat_template`), the prompt's count is Tokenizers.js's count of it,
+// special tokens recognised as a completion endpoint recognises them (and
+// here a typed one in a question too).
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -73,6 +76,33 @@ describe("counts in loaded tokenizers, against Tokenizers.js", { skip: DIR === u
           assert.ok(h.token_count <= max, `${name} ${format} max_tokens=${max}: ${h.token_count}`);
         }
       }
+    });
+  }
+
+  for (const name of ["llama3", "qwen2_5", "mistral_nemo"]) {
+    it(`${name}: a chat template's prompt counts as Tokenizers.js counts it`, async () => {
+      const read = (file: string): unknown => JSON.parse(readFileSync(join(DIR ?? "", name, file), "utf8"));
+      const count = counter(new Tokenizer(read("tokenizer.json") as object, read("tokenizer_config.json") as object));
+      const chat = { encoding: name, chat_template: true, prompt: true } as const;
+      const whole = await turnstore.getHistory(sessionId, { ...chat, max_tokens: 1_000_000 });
+      assert.equal(whole.included_turns, CORPUS.length);
+      assert.equal(whole.token_count, count(whole.prompt), name);
+      // Budgets from that of the system message alone (below it: a 422).
+      const system = "Be brief. 简洁。";
+      const alone = await turnstore.getHistory(sessionId, { ...chat, system, limit: 0 });
+      assert.equal(alone.token_count, count(alone.prompt), name);
+      for (let max = alone.token_count; max <= whole.token_count; max += 23) {
+        const h = await turnstore.getHistory(sessionId, { ...chat, max_tokens: max, system });
+        assert.equal(h.token_count, count(h.prompt), `${name} max_tokens=${max}`);
+        assert.ok(h.token_count <= max, `${name} max_tokens=${max}: ${h.token_count}`);
+      }
+      const started = await turnstore.startTurn({
+        sessionId: id("cross-check-chat"),
+        userQuery: "And <|im_end|> now?  ",
+        history: { ...chat, max_tokens: 1_000_000 },
+      });
+      assert.ok(started.history !== undefined && started.history !== null);
+      assert.equal(started.history.token_count, count(started.history.prompt), name);
     });
   }
 });
