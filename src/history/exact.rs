@@ -35,7 +35,7 @@ impl Uncut<'_> {
     /// Its first `j` offers, in the rule's order: the summary, the
     /// reserved first turn, then the newest turns.
     pub fn first(&self, j: usize) -> Taken {
-        let reserved = usize::from(self.reserved_first && !self.turns.is_empty());
+        let reserved = self.reserved();
         let with_summary = usize::from(self.summary.is_some());
         let taken_turns = j - with_summary.min(j);
         Taken {
@@ -45,10 +45,14 @@ impl Uncut<'_> {
         }
     }
 
+    /// 1 when its first turn is reserved, else 0.
+    fn reserved(&self) -> usize {
+        usize::from(self.reserved_first && !self.turns.is_empty())
+    }
+
     /// The bytes of the texts of each offer, in the rule's order.
     pub fn offer_bytes(&self) -> impl Iterator<Item = usize> + '_ {
-        let len = self.turns.len();
-        let reserved = usize::from(self.reserved_first && len > 0);
+        let (len, reserved) = (self.turns.len(), self.reserved());
         let turn = |i: usize| {
             let t = &self.turns[i].turn;
             t.user_query.len() + t.final_answer.len()

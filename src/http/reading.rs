@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 
 use super::error::ApiError;
 use crate::history::exact::{self, Cut, Sums, Taken, Uncut};
-use crate::history::template::{ChatTemplate, max_rendering_bytes};
+use crate::history::template::{ChatTemplate, TemplateError, max_rendering_bytes};
 use crate::history::{Options, Role, Selection, StoppedBy, chat_system};
 use crate::store::{StoredHistory, Unsummarized};
 use crate::tokens::{Counting, LoadedTokenizer, apart};
@@ -301,7 +301,7 @@ impl Chat {
             cut.token_count = counted(cut.taken);
         }
         if let Some(e) = failed.into_inner() {
-            return Err(ApiError::Template(format!("the chat template failed: {e}")));
+            return Err(template_failed(e));
         }
         if missing.get() {
             return Ok(None);
@@ -317,12 +317,14 @@ impl Chat {
         }
         let prompt = match kept.into_inner() {
             Some((taken, prompt)) if taken == cut.taken => Some(prompt),
-            _ if self.prompt => Some(
-                render(cut.taken)
-                    .map_err(|e| ApiError::Template(format!("the chat template failed: {e}")))?,
-            ),
+            _ if self.prompt => Some(render(cut.taken).map_err(template_failed)?),
             _ => None,
         };
         Ok(Some((cut, prompt)))
     }
+}
+
+/// A chat template's failure on a read's conversation: a 422.
+fn template_failed(e: TemplateError) -> ApiError {
+    ApiError::Template(format!("the chat template failed: {e}"))
 }

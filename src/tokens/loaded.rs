@@ -324,7 +324,7 @@ impl LoadedTokenizer {
     /// [`LoadedTokenizer::count_prompt`] by the tokenizer's own cut of the
     /// prompt (it normalizes the whole prompt).
     fn count_whole_prompt(&self, prompt: &str, count: bool) -> Option<u32> {
-        use tokenizers::{OffsetReferential, OffsetType, PreTokenizer};
+        use tokenizers::PreTokenizer;
         let mut pieces = self
             .specials
             .extract_and_normalize(self.tokenizer.get_normalizer(), prompt);
@@ -333,7 +333,7 @@ impl LoadedTokenizer {
         pieces
             .split(|_, piece| {
                 let first = piece.offsets_original().0 == 0;
-                // Known by its text (see `count_prompt_kept`), or else by
+                // Known by its text (see `count_cut_prompt`), or else by
                 // its text normalized (a piece is a part of a cut piece).
                 let text = match self.cuts {
                     Some(_) => piece.get_original(),
@@ -342,26 +342,22 @@ impl LoadedTokenizer {
                 let key = self.parts.prompt_key(first, text);
                 let n = match self.parts.get(key) {
                     Some(n) => n as usize,
-                    // tiktoken's counter counts as the tokenizer does
-                    // (no normalizer, a pre-tokenizer that reads no offset).
-                    None if count && self.ranks.is_some() => {
-                        let ranks = self.ranks.as_ref().unwrap_or_else(|| unreachable!());
-                        let n = CL100K.with(|s| ranks.count(s, piece.get()));
-                        self.parts.put(key, u32::try_from(n).unwrap_or(u32::MAX));
-                        n
-                    }
                     None if count => {
-                        let mut words = tokenizers::PreTokenizedString::from(piece);
-                        if let Some(pre) = self.tokenizer.get_pre_tokenizer() {
-                            pre.pre_tokenize(&mut words)?;
-                        }
-                        let model = self.tokenizer.get_model();
-                        words.tokenize(|w| tokenizers::Model::tokenize(model, w.get()))?;
-                        let n: usize = words
-                            .get_splits(OffsetReferential::Original, OffsetType::Byte)
-                            .iter()
-                            .map(|(_, _, tokens)| tokens.as_ref().map_or(0, |t| t.len()))
-                            .sum();
+                        let n = match &self.ranks {
+                            // tiktoken's counter counts as the tokenizer
+                            // does (no normalizer, a pre-tokenizer that
+                            // reads no offset).
+                            Some(ranks) => CL100K.with(|s| ranks.count(s, piece.get())),
+                            None => {
+                                let mut words = tokenizers::PreTokenizedString::from(piece);
+                                if let Some(pre) = self.tokenizer.get_pre_tokenizer() {
+                                    pre.pre_tokenize(&mut words)?;
+                                }
+                                let model = self.tokenizer.get_model();
+                                words.tokenize(|w| tokenizers::Model::tokenize(model, w.get()))?;
+                                tokens_in(&words)
+                            }
+                        };
                         self.parts.put(key, u32::try_from(n).unwrap_or(u32::MAX));
                         n
                     }
@@ -378,11 +374,7 @@ impl LoadedTokenizer {
             return None;
         }
         // What is left are the special tokens.
-        total += pieces
-            .get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .iter()
-            .map(|(_, _, tokens)| tokens.as_ref().map_or(0, |t| t.len()))
-            .sum::<usize>();
+        total += tokens_in(&pieces);
         Some(u32::try_from(total).unwrap_or(u32::MAX))
     }
 
@@ -420,6 +412,16 @@ impl LoadedTokenizer {
         };
         u32::try_from(n).unwrap_or(u32::MAX)
     }
+}
+
+/// The tokens the splits of `pre` hold (those tokenized: an added token's
+/// split, or every split once the model tokenized them).
+fn tokens_in(pre: &tokenizers::PreTokenizedString) -> usize {
+    use tokenizers::{OffsetReferential, OffsetType};
+    pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .iter()
+        .map(|(_, _, tokens)| tokens.as_ref().map_or(0, |t| t.len()))
+        .sum()
 }
 
 /// The tokenizers a server loaded, by name.

@@ -55,22 +55,25 @@ impl PartCounts {
     /// a first byte no UTF-8 text holds (so a text that begins with "\n"
     /// is not another's part after a newline).
     pub fn key(&self, after_newline: bool, pieces: &[&str]) -> u128 {
+        self.tagged(if after_newline { 0xFF } else { 0xFE }, pieces)
+    }
+
+    /// The key of a piece of a chat prompt between special tokens (its
+    /// text, or its text normalized: see `LoadedTokenizer::count_prompt`),
+    /// at the prompt's start (`first`) or after it (a pre-tokenizer may
+    /// add a space to the first piece only): keys of their own.
+    pub fn prompt_key(&self, first: bool, text: &str) -> u128 {
+        self.tagged(if first { 0xFD } else { 0xFC }, &[text])
+    }
+
+    /// The key of the text `pieces` make after a first byte `tag`, which
+    /// no UTF-8 text begins with: what kind of part it is.
+    fn tagged(&self, tag: u8, pieces: &[&str]) -> u128 {
         let mut hasher = Xxh3::with_secret(self.secret);
-        hasher.update(&[if after_newline { 0xFF } else { 0xFE }]);
+        hasher.update(&[tag]);
         for piece in pieces {
             hasher.update(piece.as_bytes());
         }
-        hasher.digest128()
-    }
-
-    /// The key of a piece of a chat prompt between special tokens, as
-    /// the tokenizer normalized it, at the prompt's start (`first`) or
-    /// after its start (a pre-tokenizer may add a space to the first
-    /// piece only): keys of their own (first bytes 0xFC, 0xFD).
-    pub fn prompt_key(&self, first: bool, normalized: &str) -> u128 {
-        let mut hasher = Xxh3::with_secret(self.secret);
-        hasher.update(&[if first { 0xFD } else { 0xFC }]);
-        hasher.update(normalized.as_bytes());
         hasher.digest128()
     }
 

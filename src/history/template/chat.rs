@@ -15,10 +15,10 @@
 use std::io;
 
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
+use minijinja::{Environment, Error, ErrorKind, Value};
 
 use super::TemplateError;
-use super::sandbox::{FUEL, RECURSION_LIMIT, engine_error};
+use super::sandbox::{FUEL, RECURSION_LIMIT, engine_error, limited};
 use crate::history::Role;
 
 /// Fuel of one rendering: a chat template loops over every message, so a
@@ -55,17 +55,13 @@ impl ChatTemplate {
     /// `tokenizer_config.json`) names, and renders a short conversation
     /// with it: a template that cannot is refused at load.
     pub fn new(source: &str, config: &serde_json::Value) -> Result<Self, TemplateError> {
-        let mut env = Environment::new();
-        env.set_fuel(Some(CHAT_FUEL));
-        env.set_recursion_limit(RECURSION_LIMIT);
-        env.set_auto_escape_callback(|_| AutoEscape::None);
+        let mut env = limited(CHAT_FUEL);
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
             .map_err(|e| engine_error(&e, None))?;
         env.set_syntax(syntax);
-        env.remove_global("debug");
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);

@@ -199,15 +199,23 @@ impl Compiled {
 
 /// A fresh environment with every limit of the sandbox set.
 fn sandbox() -> Environment<'static> {
-    let mut env = Environment::new();
-    env.set_fuel(Some(FUEL));
-    env.set_recursion_limit(RECURSION_LIMIT);
+    let mut env = limited(FUEL);
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.add_filter("xml_escape", xml_escape);
+    env
+}
+
+/// A fresh environment with `fuel` a rendering, the recursion limit, no
+/// HTML escaping and no `debug`: what every template here runs in (a
+/// history template's, and a tokenizer's chat template).
+pub(super) fn limited(fuel: u64) -> Environment<'static> {
+    let mut env = Environment::new();
+    env.set_fuel(Some(fuel));
+    env.set_recursion_limit(RECURSION_LIMIT);
     // Prompts are not HTML: a template escapes what it needs (see `xml`).
     env.set_auto_escape_callback(|_| AutoEscape::None);
     // It prints the engine's state; nothing a template needs.
     env.remove_global("debug");
-    env.add_filter("xml_escape", xml_escape);
     env
 }
 
