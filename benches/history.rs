@@ -52,6 +52,7 @@ fn read(candidates: &[Candidate], opts: &Options) -> usize {
         Rendering::Text(text) => text.len(),
         Rendering::Messages(messages) => messages.len(),
         Rendering::Turns(turns) => turns.len(),
+        Rendering::Anthropic(history) => history.messages.len(),
     }
 }
 

@@ -16,6 +16,7 @@
 
 use super::candidate::SelectedTurn;
 use super::format::{Format, MESSAGE_OVERHEAD};
+use super::window::Window;
 use crate::tokens::{ASSISTANT, HEADER, SUMMARY_HEADER, SUMMARY_MESSAGE, USER};
 
 /// A selection to cut back: the summary it begins with and its turns,
@@ -161,6 +162,33 @@ pub fn cut(
     }
 }
 
+/// A stable window's part of `cut` (see `window.rs`): it leaves out the
+/// oldest of the newest turns taken, and the rest is counted again by
+/// `count`. `stopped`: the selection `uncut` is had left turns out before
+/// the cut. Returns the cut and how many turns the window left out.
+pub fn narrow(
+    uncut: &Uncut<'_>,
+    cut: Cut,
+    window: Window,
+    stopped: bool,
+    count: impl FnOnce(Taken) -> u32,
+) -> (Cut, usize) {
+    let t = cut.taken;
+    let len = uncut.turns.len();
+    let stopped = stopped || t.offers() < uncut.offers();
+    let run = (len - t.newest..len).map(|i| uncut.turns[i].turn.seq);
+    let drops = window.drops(run, stopped);
+    if drops == 0 {
+        return (cut, 0);
+    }
+    let taken = Taken {
+        newest: t.newest - drops,
+        ..t
+    };
+    let token_count = count(taken);
+    (Cut { taken, token_count }, drops)
+}
+
 /// The count of what `uncut` renders in `format` when `taken`, counted
 /// whole by `count`.
 pub fn whole(uncut: &Uncut<'_>, format: Format, taken: Taken, count: impl Fn(&str) -> u32) -> u32 {
@@ -210,7 +238,7 @@ impl Sums {
         format: Format,
         part: impl Fn(&[&str], bool) -> Option<u32>,
     ) -> Option<Sums> {
-        let messages = format == Format::Messages;
+        let messages = format.shape() == super::format::Shape::Messages;
         let mut sums = Sums {
             messages,
             summary: [0; 2],

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::candidate::SelectedTurn;
-use super::render::{Message, messages_with, render_text_with};
+use super::render::{AnthropicHistory, Message, messages_with, render_text_with};
 use super::select::{Cost, Prelude};
 use crate::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens};
 
@@ -16,7 +16,8 @@ use crate::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens};
 pub const MESSAGE_OVERHEAD: u32 = 4;
 
 /// How a history is returned: `text` (the rendering), `messages` (chat
-/// messages) or `turns` (Turn objects, budgeted as `text`).
+/// messages), `turns` (Turn objects, budgeted as `text`) or `anthropic`
+/// (the Messages API's `system` and `messages`, budgeted as `messages`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 #[schema(as = HistoryFormat)]
@@ -25,6 +26,8 @@ pub enum Format {
     Text,
     Messages,
     Turns,
+    /// The Messages API's `system` and `messages`, budgeted as `messages`.
+    Anthropic,
 }
 
 /// How a format's turns and summary count, from the counts stores keep
@@ -55,6 +58,7 @@ pub enum Rendering {
     Messages(Vec<Message>),
     /// The turns themselves (the summary, if any, is returned beside them).
     Turns(Vec<SelectedTurn>),
+    Anthropic(AnthropicHistory),
 }
 
 impl Rendering {
@@ -75,19 +79,28 @@ impl Rendering {
                 .map(|m| count(&m.content).saturating_add(MESSAGE_OVERHEAD))
                 .fold(0, u32::saturating_add),
             Rendering::Turns(turns) => count(&render_text_with(summary, turns)),
+            Rendering::Anthropic(h) => h
+                .texts()
+                .map(|text| count(text).saturating_add(MESSAGE_OVERHEAD))
+                .fold(0, u32::saturating_add),
         }
     }
 }
 
 impl Format {
-    pub const ALL: [Format; 3] = [Format::Text, Format::Messages, Format::Turns];
+    pub const ALL: [Format; 4] = [
+        Format::Text,
+        Format::Messages,
+        Format::Turns,
+        Format::Anthropic,
+    ];
 
     /// How its turns and summary count from their stored counts, which
     /// the Redis walk applies too (see [`Shape`]).
     pub fn shape(self) -> Shape {
         match self {
             Format::Text | Format::Turns => Shape::Blocks,
-            Format::Messages => Shape::Messages,
+            Format::Messages | Format::Anthropic => Shape::Messages,
         }
     }
 
@@ -167,6 +180,7 @@ impl Format {
             Format::Text => Rendering::Text(render_text_with(summary, &turns)),
             Format::Messages => Rendering::Messages(messages_with(summary, turns)),
             Format::Turns => Rendering::Turns(turns),
+            Format::Anthropic => Rendering::Anthropic(AnthropicHistory::of(summary, turns)),
         }
     }
 }

@@ -9,12 +9,14 @@ mod pick;
 mod render;
 mod select;
 pub mod template;
+mod window;
 
 pub use candidate::{Candidate, Content, Copies, SelectedTurn, TRUNCATION_MARK, needed_bytes};
 pub use format::{Format, MESSAGE_OVERHEAD, Rendering, Shape};
 pub use pick::{Picked, Picker};
 pub use render::{
-    Message, Role, chat_messages, chat_system, messages, messages_with, render_text,
-    render_text_with,
+    AnthropicHistory, AnthropicMessage, BlockType, CacheControl, CacheType, Message, Role, Speaker,
+    TextBlock, chat_messages, chat_system, messages, messages_with, render_text, render_text_with,
 };
 pub use select::{BudgetState, Cost, Options, Prelude, Selection, Selector, StoppedBy, select};
+pub use window::{Window, WindowKind, boundary_from};

@@ -115,6 +115,7 @@ impl Picker {
                         token_count: t.token_count,
                         bytes: t.bytes,
                         stopped_by: t.stopped_by,
+                        left_out: t.left_out,
                     },
                     rendered: Some(t.rendered),
                 })

@@ -81,6 +81,129 @@ pub fn messages_with(summary: Option<&str>, turns: Vec<SelectedTurn>) -> Vec<Mes
     out
 }
 
+/// The `anthropic` rendering: the `system` and `messages` of a request
+/// to Anthropic's Messages API, content as text blocks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[schema(example = json!({
+    "system": [{"type": "text", "text": "Summary of earlier turns: Alice is choosing a vector index."}],
+    "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is a vector index?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "An index that finds the stored vectors nearest to a query vector.", "cache_control": {"type": "ephemeral"}}]}
+    ]
+}))]
+pub struct AnthropicHistory {
+    /// The summary's block, when the history begins with one (absent
+    /// otherwise: prepend your own system blocks to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub system: Option<Vec<TextBlock>>,
+    /// A user and an assistant message per turn, oldest first.
+    pub messages: Vec<AnthropicMessage>,
+}
+
+/// A message of the Messages API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct AnthropicMessage {
+    pub role: Speaker,
+    /// One text block.
+    pub content: Vec<TextBlock>,
+}
+
+/// Who says a message of the Messages API (the summary is in `system`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Speaker {
+    User,
+    Assistant,
+}
+
+/// A text content block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct TextBlock {
+    #[serde(rename = "type")]
+    pub kind: BlockType,
+    pub text: String,
+    /// A prompt-cache breakpoint (`cache_control=true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cache_control: Option<CacheControl>,
+}
+
+/// The type of a text block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BlockType {
+    Text,
+}
+
+/// A prompt-cache breakpoint: the prefix through this block is cached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct CacheControl {
+    #[serde(rename = "type")]
+    pub kind: CacheType,
+}
+
+/// The kind of cache a breakpoint asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheType {
+    Ephemeral,
+}
+
+impl TextBlock {
+    fn text(text: String) -> Self {
+        TextBlock {
+            kind: BlockType::Text,
+            text,
+            cache_control: None,
+        }
+    }
+
+    fn mark(&mut self) {
+        self.cache_control = Some(CacheControl {
+            kind: CacheType::Ephemeral,
+        });
+    }
+}
+
+impl AnthropicHistory {
+    /// The summary (in `system`, as the `messages` rendering's system
+    /// message says it) and the turns.
+    pub fn of(summary: Option<&str>, turns: Vec<SelectedTurn>) -> Self {
+        let message = |role, text| AnthropicMessage {
+            role,
+            content: vec![TextBlock::text(text)],
+        };
+        AnthropicHistory {
+            system: summary.map(|s| vec![TextBlock::text(format!("{SUMMARY_MESSAGE}{s}"))]),
+            messages: turns
+                .into_iter()
+                .flat_map(|t| {
+                    [
+                        message(Speaker::User, t.turn.user_query),
+                        message(Speaker::Assistant, t.turn.final_answer),
+                    ]
+                })
+                .collect(),
+        }
+    }
+
+    /// Every text, in order: each counts as a message of `messages` does.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        let system = self.system.iter().flatten();
+        let messages = self.messages.iter().flat_map(|m| &m.content);
+        system.chain(messages).map(|b| b.text.as_str())
+    }
+
+    /// Marks the prompt-cache breakpoints: the end of `system` and of the
+    /// last message.
+    pub fn mark_breakpoints(&mut self) {
+        let last = |b: &mut Vec<TextBlock>| b.last_mut().map(TextBlock::mark);
+        self.system.as_mut().map(last);
+        self.messages.last_mut().map(|m| last(&mut m.content));
+    }
+}
+
 /// The system message a chat template's prompt begins with: the caller's
 /// `system` text, then (after a blank line) the summary's message.
 pub fn chat_system(system: Option<&str>, summary: Option<&str>) -> Option<String> {
@@ -138,6 +261,7 @@ mod tests {
     use crate::history::candidate::{Candidate, Content, TRUNCATION_MARK};
     use crate::history::format::Format;
     use crate::history::select::{Options, Selection, StoppedBy, select};
+    use crate::history::window::Window;
     use crate::tokens::{AnswerTokens, Encoding, QueryTokens, TurnCosts};
 
     fn turn(seq: u64, q: &str, a: &str) -> Candidate {
@@ -403,6 +527,7 @@ mod tests {
             limit in 0usize..10,
             max_query_chars in proptest::option::of(1usize..20),
             max_answer_chars in proptest::option::of(1usize..20),
+            stride in proptest::option::of(2u64..5),
         ) {
             // Stored and read in the same encoding half of the time.
             let stored = Encoding::ALL[stored];
@@ -411,15 +536,28 @@ mod tests {
                 .map(|(i, (q, a))| stored_in(stored, i as u64 + 1, q, a)).collect();
             let o = Options { limit, max_tokens, max_bytes, format, encoding, max_query_chars,
                               max_answer_chars, keep_first, after_seq: 0, through_seq: u64::MAX,
-                              english: false, summary: false, template: None };
-            let s = pick(&turns, &o);
+                              english: false, summary: false, template: None,
+                              window: Window::Sliding };
+            let sliding = pick(&turns, &o);
+            let window = stride.map_or(Window::Sliding, |stride| Window::Stable { stride });
+            let s = pick(&turns, &Options { window, ..o.clone() });
+            // A stable window is the sliding one without its oldest turns
+            // (but the reserved first), as `window.rs` says.
+            let first = usize::from(keep_first && !sliding.turns.is_empty());
+            let run = sliding.turns[first..].iter().map(|t| t.turn.seq);
+            let drops = window.drops(run, sliding.stopped_by.is_some());
+            let mut expected = sliding.turns.clone();
+            expected.drain(first..first + drops);
+            prop_assert_eq!(&s.turns, &expected);
+            prop_assert_eq!(s.left_out, drops);
+            prop_assert_eq!(s.stopped_by, sliding.stopped_by);
             prop_assert!(s.token_count <= max_tokens);
             prop_assert!(s.bytes <= max_bytes);
             prop_assert_eq!(s.token_count, fresh_count(&s, format, encoding));
             let bytes: usize = s.turns.iter().map(|t| t.turn.user_query.len() + t.turn.final_answer.len()).sum();
             prop_assert_eq!(s.bytes, bytes as u64);
             prop_assert!(s.turns.len() <= limit);
-            prop_assert_eq!(s.stopped_by.is_none(), s.turns.len() == turns.len());
+            prop_assert_eq!(s.stopped_by.is_none(), s.turns.len() + s.left_out == turns.len());
         }
 
         #[test]

@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 use super::candidate::{Candidate, Content, SelectedTurn, truncate};
 use super::format::Format;
 use super::template::Template;
+use super::window::Window;
 use crate::tokens::Encoding;
 use crate::turn::TurnView;
 
@@ -68,6 +69,8 @@ pub struct Options {
     pub summary: bool,
     /// Render with this template instead of the format (which is `text`).
     pub template: Option<Template>,
+    /// Which of the turns that fit are shown (see `window.rs`).
+    pub window: Window,
 }
 
 impl Options {
@@ -88,6 +91,7 @@ impl Options {
             english: false,
             summary: false,
             template: None,
+            window: Window::Sliding,
         }
     }
 }
@@ -103,6 +107,9 @@ pub struct Selection {
     /// UTF-8 bytes of the contents, as rendered.
     pub bytes: u64,
     pub stopped_by: Option<StoppedBy>,
+    /// Turns that fit but a stable window leaves out (older than those
+    /// returned).
+    pub left_out: usize,
 }
 
 /// What a turn costs: followed by another turn (`inner`) or as the newest
@@ -151,6 +158,10 @@ pub struct Selector {
     first: Option<SelectedTurn>,
     /// Newest first.
     chosen: Vec<SelectedTurn>,
+    /// With a stable window, the `inner` tokens and bytes of each chosen
+    /// turn, as `chosen` (a turn the window leaves out gives them back).
+    costs: Vec<(u32, u64)>,
+    left_out: usize,
     stopped: Option<StoppedBy>,
 }
 
@@ -169,6 +180,8 @@ impl Selector {
             },
             first: None,
             chosen: Vec::new(),
+            costs: Vec::new(),
+            left_out: 0,
             stopped: None,
             prelude: None,
         }
@@ -221,6 +234,7 @@ impl Selector {
         let taken = self.offer(c);
         if taken {
             self.first = self.chosen.pop();
+            self.costs.pop();
             self.state.newest_may_change = true;
         }
         taken
@@ -253,6 +267,9 @@ impl Selector {
         s.bytes += cost.bytes;
         s.room -= 1;
         self.chosen.push(turn);
+        if self.opts.window.is_stable() {
+            self.costs.push((cost.inner, cost.bytes));
+        }
         true
     }
 
@@ -275,7 +292,8 @@ impl Selector {
         self.stopped.get_or_insert(why);
     }
 
-    pub fn finish(self) -> Selection {
+    pub fn finish(mut self) -> Selection {
+        self.narrow();
         let token_count = match self.state.newest {
             None => self.prelude.map_or(0, |p| p.alone),
             Some((_, last)) => {
@@ -291,6 +309,25 @@ impl Selector {
             token_count,
             bytes: self.state.bytes,
             stopped_by: self.stopped,
+            left_out: self.left_out,
+        }
+    }
+
+    /// Leaves out the oldest chosen turns a stable window does not show:
+    /// each counted at its `inner` (the newest is never among them).
+    fn narrow(&mut self) {
+        let run = self.chosen.iter().rev().map(|t| t.turn.seq);
+        let drops = self.opts.window.drops(run, self.stopped.is_some());
+        if drops == 0 {
+            return;
+        }
+        let keep = self.chosen.len() - drops;
+        self.chosen.truncate(keep);
+        self.left_out = drops;
+        for (inner, bytes) in self.costs.drain(keep..) {
+            self.state.inner_sum -= u64::from(inner);
+            self.state.bytes -= bytes;
+            self.state.room += 1;
         }
     }
 

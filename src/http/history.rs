@@ -18,7 +18,10 @@ use super::sessions::SessionPath;
 use super::valid::{AllValid, Valid, rule};
 use crate::config::Settings;
 use crate::domain::{SessionId, TurnId, UserId};
-use crate::history::{Format, Message, Options, Rendering, SelectedTurn, StoppedBy, chat_messages};
+use crate::history::{
+    AnthropicHistory, Format, Message, Options, Rendering, SelectedTurn, StoppedBy, Window,
+    WindowKind, chat_messages,
+};
 use crate::store::counting::unsummarized_tokens;
 use crate::store::{StoredHistory, StoredSummary, Unsummarized};
 use crate::tokens::{Counting, Encoding, Resolved};
@@ -130,7 +133,37 @@ pub struct HistoryParams {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[param(max_length = 4096)]
     pub system: Option<String>,
+    /// `sliding` (default): the newest turns that fit. `stable`: of those,
+    /// the ones from a stride boundary on (seqs 1, 1 + `stride`, 1 + 2 ×
+    /// `stride`, …), so that consecutive reads of a growing conversation
+    /// begin with the same turns (and a provider's prompt cache serves
+    /// them) until the budget passes the boundary: about one read in
+    /// `stride` begins elsewhere, and a window holds at most `stride` − 1
+    /// turns fewer than a sliding one. Only when the budget leaves turns
+    /// out; the summary and the `keep_first` turn stay in front.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowKind>,
+    /// With `window=stable`: turns per block (default 10). Choose it well
+    /// below the turns the budget holds: a window of fewer turns than a
+    /// stride slides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10000)]
+    #[param(minimum = 1, maximum = 10000)]
+    pub stride: Option<u32>,
+    /// With `format=anthropic`: mark the prompt-cache breakpoints
+    /// (`cache_control: {"type": "ephemeral"}`) on the summary's block in
+    /// `system` and on the last block of the last message: two of the
+    /// four a request may hold.
+    #[serde(
+        default,
+        deserialize_with = "super::extract::flag",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cache_control: Option<bool>,
 }
+
+/// A stable window's stride when none is given.
+pub const DEFAULT_STRIDE: u32 = 10;
 
 /// The most a `system` message may hold, in bytes.
 pub const MAX_SYSTEM_BYTES: usize = 64 * 1024;
@@ -205,6 +238,12 @@ impl HistoryParams {
             english: self.lang == Some(Language::En),
             summary: self.summary.unwrap_or(false),
             template: None,
+            window: match self.window {
+                Some(WindowKind::Stable) => Window::Stable {
+                    stride: u64::from(self.stride.unwrap_or(DEFAULT_STRIDE)),
+                },
+                _ => Window::Sliding,
+            },
         })
     }
 
@@ -244,6 +283,31 @@ impl HistoryParams {
                     .as_ref()
                     .is_none_or(|s| s.len() <= MAX_SYSTEM_BYTES),
                 format!("must be at most {MAX_SYSTEM_BYTES} bytes"),
+            ),
+            self.window_rules(at),
+        )
+            .collect()
+            .map(|_| ())
+    }
+
+    /// The rules of `stride` and `cache_control`.
+    fn window_rules(&self, at: &str) -> Valid<()> {
+        let field = |name: &str| format!("{at}{name}");
+        (
+            rule(
+                &field("stride"),
+                self.stride.is_none() || self.window == Some(WindowKind::Stable),
+                "needs window=stable",
+            ),
+            rule(
+                &field("stride"),
+                self.stride.is_none_or(|n| (1..=MAX_LIMIT).contains(&n)),
+                format!("must be between 1 and {MAX_LIMIT}"),
+            ),
+            rule(
+                &field("cache_control"),
+                self.cache_control != Some(true) || self.format == Some(Format::Anthropic),
+                "needs format=anthropic (other formats say where to mark in breakpoint)",
             ),
         )
             .collect()
@@ -318,7 +382,9 @@ impl HistoryParams {
             }
             _ => None,
         };
-        Ok(Reading::new(options, counting).with_chat(chat))
+        let mut reading = Reading::new(options, counting).with_chat(chat);
+        reading.cache_control = self.cache_control == Some(true);
+        Ok(reading)
     }
 }
 
@@ -517,6 +583,11 @@ pub struct HistoryResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub prompt: Option<String>,
+    /// `format=anthropic`: the `system` and `messages` of a Messages API
+    /// request (add your question as the last user message).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub anthropic: Option<AnthropicHistory>,
     /// `format=turns`: the included turns, oldest first.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
@@ -536,6 +607,51 @@ pub struct HistoryResponse {
     /// cleared and started again meanwhile.
     #[schema(required = true)]
     pub generation: Option<String>,
+    /// `window=stable`: where the window begins, and what it left out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub window: Option<WindowOut>,
+    /// With `window=stable` or `cache_control=true`: where the part of
+    /// the history that the next read begins with ends (`null` for an
+    /// empty history).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakpoint: Option<Option<Breakpoint>>,
+}
+
+/// A stable window (`window=stable`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"stride": 10, "from_seq": 21, "left_out": 3}))]
+pub struct WindowOut {
+    pub stride: u64,
+    /// The oldest turn returned after the `keep_first` turn: a read of
+    /// the same conversation begins with the same turns as long as this
+    /// stays (`null` when none is returned).
+    #[schema(required = true)]
+    pub from_seq: Option<u64>,
+    /// Turns that fit the budget but the window leaves out (a sliding
+    /// window would return them): at most `stride` − 1.
+    pub left_out: u64,
+}
+
+/// The end of the stable part of a history: everything returned, which
+/// a read of the conversation grown by more turns begins with as long as
+/// its window's `from_seq` (and the summary) stay. A prompt cache's
+/// breakpoint goes there.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"seq": 27, "messages": 14}))]
+pub struct Breakpoint {
+    /// The newest turn in it (`null` when only a summary is returned).
+    #[schema(required = true)]
+    pub seq: Option<u64>,
+    /// `text` and templates: the bytes of `rendered` it takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub bytes: Option<u64>,
+    /// `messages`, `anthropic` and `chat_template`: the messages it takes
+    /// (a system message among them; for `anthropic`, of `messages`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub messages: Option<u64>,
 }
 
 impl HistoryResponse {
@@ -561,31 +677,67 @@ impl HistoryResponse {
             summary: None,
             unsummarized: stored.unsummarized.map(UnsummarizedOut::from),
             generation: stored.generation,
+            anthropic: None,
+            window: None,
+            breakpoint: None,
         };
+        if let Window::Stable { stride } = reading.window {
+            let first = usize::from(opts.keep_first && !selection.turns.is_empty());
+            out.window = Some(WindowOut {
+                stride,
+                from_seq: selection.turns.get(first).map(|t| t.turn.seq),
+                left_out: selection.left_out as u64,
+            });
+        }
+        let newest = selection.turns.last().map(|t| t.turn.seq);
         let summary = stored.summary.as_ref().map(|s| s.text.as_str());
         if let Some(chat) = &reading.chat {
             let system = chat.system.as_deref();
             out.messages = Some(chat_messages(system, summary, selection.turns));
             out.prompt = stored.rendered;
-            return out;
-        }
-        if let Some(rendered) = stored.rendered {
+        } else if let Some(rendered) = stored.rendered {
             // A template's rendering (its format is `text`).
             out.rendered = Some(rendered);
-            return out;
-        }
-        match opts.format.render(summary, selection.turns) {
-            Rendering::Text(text) => out.rendered = Some(text),
-            Rendering::Messages(messages) => out.messages = Some(messages),
-            Rendering::Turns(turns) => {
-                out.turns = Some(turns.into_iter().map(Turn::from).collect());
-                out.summary = stored
-                    .summary
-                    .as_ref()
-                    .map(|s| Summary::of(s, &reading.counting));
+        } else {
+            match opts.format.render(summary, selection.turns) {
+                Rendering::Text(text) => out.rendered = Some(text),
+                Rendering::Messages(messages) => out.messages = Some(messages),
+                Rendering::Turns(turns) => {
+                    out.turns = Some(turns.into_iter().map(Turn::from).collect());
+                    out.summary = stored
+                        .summary
+                        .as_ref()
+                        .map(|s| Summary::of(s, &reading.counting));
+                }
+                Rendering::Anthropic(mut history) => {
+                    if reading.cache_control {
+                        history.mark_breakpoints();
+                    }
+                    out.anthropic = Some(history);
+                }
             }
         }
+        if reading.window.is_stable() || reading.cache_control {
+            out.breakpoint = Some(out.breakpoint_at(newest, summary.is_some()));
+        }
         out
+    }
+
+    /// The end of what it returns, as its rendering measures it.
+    fn breakpoint_at(&self, seq: Option<u64>, summary: bool) -> Option<Breakpoint> {
+        if seq.is_none() && !summary {
+            return None;
+        }
+        let messages = match (&self.messages, &self.anthropic) {
+            (Some(m), _) => Some(m.len() as u64),
+            (None, Some(a)) => Some(a.messages.len() as u64),
+            (None, None) => None,
+        };
+        Some(Breakpoint {
+            seq,
+            bytes: self.rendered.as_ref().map(|r| r.len() as u64),
+            messages,
+        })
     }
 
     /// The `text` rendering alone, its count and encoding in headers.

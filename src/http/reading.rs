@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use super::error::ApiError;
 use crate::history::exact::{self, Cut, Sums, Taken, Uncut};
 use crate::history::template::{ChatTemplate, TemplateError, max_rendering_bytes};
-use crate::history::{Options, Role, Selection, StoppedBy, chat_system};
+use crate::history::{Options, Role, Selection, StoppedBy, Window, chat_system};
 use crate::store::{StoredHistory, Unsummarized};
 use crate::tokens::{Counting, LoadedTokenizer, apart};
 
@@ -44,10 +44,16 @@ pub struct Reading {
     bounds: Option<(u32, u64)>,
     /// Through the tokenizer's chat template.
     pub chat: Option<Chat>,
+    /// The read's window (a loaded tokenizer's is applied to the cut, not
+    /// by the store).
+    pub window: Window,
+    /// Mark the prompt-cache breakpoints (`format=anthropic`).
+    pub cache_control: bool,
 }
 
 impl Reading {
     pub fn new(mut options: Options, counting: Counting) -> Self {
+        let window = options.window;
         let bounds = match &counting {
             Counting::Builtin(encoding) => {
                 options.encoding = *encoding;
@@ -59,6 +65,7 @@ impl Reading {
                     .max_bytes
                     .min(tokenizer.bytes_within(options.max_tokens));
                 options.max_tokens = u32::MAX;
+                options.window = Window::Sliding;
                 Some(bounds)
             }
         };
@@ -67,6 +74,8 @@ impl Reading {
             counting,
             bounds,
             chat: None,
+            window,
+            cache_control: false,
         }
     }
 
@@ -117,18 +126,24 @@ impl Reading {
         };
         let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, count);
         let mut prompt = None;
-        let cut = if let Some(chat) = &self.chat {
+        let window = (self.window, stored.selection.stopped_by.is_some());
+        let (cut, trimmed, left_out) = if let Some(chat) = &self.chat {
             let limits = (max_tokens, max_bytes);
-            let Some((cut, p)) = chat.cut(tokenizer, &uncut, limits, count)? else {
+            let Some((cut, p, trimmed, left_out)) =
+                chat.cut(tokenizer, &uncut, limits, window, count)?
+            else {
                 return Ok(false);
             };
             prompt = p;
-            cut
+            (cut, trimmed, left_out)
         } else if tokenizer.adds_up_in(format) {
             let Some(sums) = Sums::of(&uncut, format, part) else {
                 return Ok(false);
             };
-            exact::cut(&uncut, max_tokens, None, |taken| sums.count(taken))
+            let cut = exact::cut(&uncut, max_tokens, None, |taken| sums.count(taken));
+            let trimmed = cut.taken.offers() < uncut.offers();
+            let (cut, left_out) = exact::narrow(&uncut, cut, window.0, window.1, |t| sums.count(t));
+            (cut, trimmed, left_out)
         } else if count {
             // Sums of parts (kept) are near for such a tokenizer: where
             // they cut, the whole counts begin.
@@ -137,16 +152,16 @@ impl Reading {
                     .taken
                     .offers()
             });
-            exact::cut(&uncut, max_tokens, guess, |taken| {
-                exact::whole(&uncut, format, taken, |text| tokenizer.count(text))
-            })
+            let whole = |taken| exact::whole(&uncut, format, taken, |text| tokenizer.count(text));
+            let cut = exact::cut(&uncut, max_tokens, guess, whole);
+            let trimmed = cut.taken.offers() < uncut.offers();
+            let (cut, left_out) = exact::narrow(&uncut, cut, window.0, window.1, whole);
+            (cut, trimmed, left_out)
         } else {
             return Ok(false);
         };
-        let had_summary = uncut.summary.is_some();
         let selection = std::mem::take(&mut stored.selection);
         let (turns, dropped) = cut.taken.split(selection.turns);
-        let trimmed = !dropped.is_empty() || (had_summary && !cut.taken.summary);
         // The store stopped at the bytes `max_tokens` tokens can hold: the
         // turn it stopped at does not fit in tokens either.
         let ours = self.options.max_bytes < max_bytes;
@@ -182,6 +197,7 @@ impl Reading {
             token_count: cut.token_count,
             bytes: selection.bytes.saturating_sub(dropped_bytes),
             stopped_by,
+            left_out,
         };
         stored.rendered = prompt;
         Ok(true)
@@ -198,8 +214,9 @@ impl Chat {
         tokenizer: &LoadedTokenizer,
         uncut: &Uncut<'_>,
         (max_tokens, max_bytes): (u32, u64),
+        (window, stopped): (Window, bool),
         count: bool,
-    ) -> Result<Option<(Cut, Option<String>)>, ApiError> {
+    ) -> Result<Option<ChatCut>, ApiError> {
         // A long prompt is rendered and counted apart, even when every
         // piece's count is kept: its rendering takes time.
         if !count && uncut.offer_bytes().sum::<usize>() > INLINE_PROMPT_BYTES {
@@ -300,6 +317,8 @@ impl Chat {
         if cut.taken.offers() == 0 {
             cut.token_count = counted(cut.taken);
         }
+        let trimmed = cut.taken.offers() < uncut.offers();
+        let (cut, left_out) = exact::narrow(uncut, cut, window, stopped, counted);
         if let Some(e) = failed.into_inner() {
             return Err(template_failed(e));
         }
@@ -320,9 +339,13 @@ impl Chat {
             _ if self.prompt => Some(render(cut.taken).map_err(template_failed)?),
             _ => None,
         };
-        Ok(Some((cut, prompt)))
+        Ok(Some((cut, prompt, trimmed, left_out)))
     }
 }
+
+/// A chat template's cut: the cut, the prompt when asked for, whether the
+/// budget left offers out, and how many turns the window left out.
+type ChatCut = (Cut, Option<String>, bool, usize);
 
 /// A chat template's failure on a read's conversation: a 422.
 fn template_failed(e: TemplateError) -> ApiError {

@@ -234,7 +234,7 @@ impl LoadedTokenizer {
     /// to its count of the rendering: always for `messages` (its count is
     /// of each message alone), for the others when [`adds_up`].
     pub fn adds_up_in(&self, format: crate::history::Format) -> bool {
-        self.adds_up || format == crate::history::Format::Messages
+        self.adds_up || format.shape() == crate::history::Shape::Messages
     }
 
     /// Its count of the text `pieces` make, as it stands at the start of

@@ -15,6 +15,7 @@ use crate::support::{Backend, TestApp, error_fields, ok_json, problem, sid};
 
 conformance!(
     a_chat_prompt_is_budgeted_on_its_exact_count,
+    a_stable_window_s_prompt_is_counted_exactly,
     a_start_s_prompt_ends_with_the_question,
     a_summary_joins_the_system_message,
     chat_template_mistakes_are_refused_and_write_nothing,
@@ -183,6 +184,52 @@ async fn a_chat_prompt_is_budgeted_on_its_exact_count(backend: Backend) {
         json!({"role": "system", "content": "Be brief."})
     );
     assert_eq!(h["token_count"], fresh(&t, &chatml(&m, false)));
+}
+
+async fn a_stable_window_s_prompt_is_counted_exactly(backend: Backend) {
+    let (app, _dir, t) = with_chat(backend).await;
+    let s = sid();
+    let all: Vec<(&str, &str)> = (0..12).map(|i| TURNS[i % TURNS.len()]).collect();
+    for (q, a) in &all {
+        app.complete(&s, q, a).await;
+    }
+    let mut moved = 0;
+    for max in (40..700).step_by(37) {
+        let read = format!("encoding=chat&chat_template=true&prompt=true&max_tokens={max}");
+        let sliding = app.history_ok(&s, &read).await;
+        let stable = app
+            .history_ok(&s, &format!("{read}&window=stable&stride=3"))
+            .await;
+        let n = stable["included_turns"].as_u64().unwrap() as usize;
+        let left_out = stable["window"]["left_out"].as_u64().unwrap() as usize;
+        moved += left_out;
+        assert_eq!(
+            n + left_out,
+            sliding["included_turns"].as_u64().unwrap() as usize
+        );
+        assert!(left_out < 3);
+        let messages: Vec<(&str, &str)> = all[all.len() - n..]
+            .iter()
+            .flat_map(|(q, a)| [("user", *q), ("assistant", *a)])
+            .collect();
+        let prompt = match n {
+            0 => String::new(),
+            _ => chatml(&messages, false),
+        };
+        assert_eq!(stable["prompt"], prompt.as_str(), "{max}");
+        assert_eq!(stable["token_count"], fresh(&t, &prompt), "{max}");
+        assert!(fresh(&t, &prompt) <= max);
+        if n > 0 {
+            assert_eq!(
+                stable["breakpoint"],
+                json!({"seq": 12, "messages": 2 * n as u64})
+            );
+        }
+        if left_out > 0 {
+            assert_eq!((13 - n as u64 - 1) % 3, 0, "on a boundary");
+        }
+    }
+    assert!(moved > 0);
 }
 
 async fn a_start_s_prompt_ends_with_the_question(backend: Backend) {

@@ -214,7 +214,7 @@ async fn validation_messages_are_in_the_apis_terms() {
         (
             "format=xml",
             "format",
-            "must be one of text, messages, turns",
+            "must be one of text, messages, turns, anthropic",
         ),
         ("colour=blue", "colour", "unknown field"),
     ] {

@@ -62,6 +62,7 @@ mod templates;
 mod tokenizers;
 mod translations;
 mod users;
+mod windows;
 
 conformance!(
     start_without_session_creates_one,

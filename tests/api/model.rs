@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use turnstore::domain::{IdempotencyKey, SessionId, TurnId, UserId};
 use turnstore::history::template::Templates;
-use turnstore::history::{Format, Options, Selection, render_text};
+use turnstore::history::{Format, Options, Selection, Window, render_text};
 use turnstore::metrics::Metrics;
 use turnstore::store::{
     Import, ImportedTurn, Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite,
@@ -70,6 +70,8 @@ struct Read {
     summary: bool,
     /// 0: none; 1: xml; 2: markdown (the format is then text).
     template: usize,
+    /// A stable window's stride.
+    stride: Option<u64>,
 }
 
 thread_local! {
@@ -96,6 +98,9 @@ impl Read {
                     .get(self.template)
                     .and_then(|name| t.get(name).cloned())
             }),
+            window: self
+                .stride
+                .map_or(Window::Sliding, |stride| Window::Stable { stride }),
         }
     }
 }
@@ -195,6 +200,7 @@ fn read() -> impl Strategy<Value = Read> {
             any::<bool>(),
             any::<bool>(),
             prop_oneof![4 => Just(0usize), 1 => Just(1usize), 1 => Just(2usize)],
+            proptest::option::of(2u64..4),
         ),
     )
         .prop_map(
@@ -209,6 +215,7 @@ fn read() -> impl Strategy<Value = Read> {
                     english,
                     summary,
                     template,
+                    stride,
                 ),
             )| Read {
                 limit,
@@ -223,6 +230,7 @@ fn read() -> impl Strategy<Value = Read> {
                 english,
                 summary,
                 template,
+                stride,
                 format: if template > 0 { Format::Text } else { format },
             },
         )
@@ -462,6 +470,7 @@ impl Pair {
                     english: false,
                     summary: false,
                     template: None,
+                    window: Window::Sliding,
                 };
                 let newest = match self.memory.history(s, &read, now).await {
                     Ok(h) => h.selection.turns.last().map_or(0, |t| t.turn.seq),
@@ -812,6 +821,8 @@ fn memory_and_redis_agree_at_every_budget() {
                         } else {
                             0
                         },
+                        // A stable window now and then.
+                        stride: (max_tokens % 5 == 2).then_some(3),
                     };
                     // Also with turns the walk must hand over for counting:
                     // truncated, or in another encoding.

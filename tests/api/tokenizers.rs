@@ -15,6 +15,7 @@ use crate::support::{Backend, TestApp, ok_json, problem, sid};
 
 conformance!(
     a_loaded_tokenizer_keeps_the_budget_exactly,
+    a_loaded_tokenizer_s_stable_window_is_counted_exactly,
     real_vocabularies_keep_the_budget_exactly,
     a_loaded_tokenizer_is_named_by_models_and_listed,
     unknown_encodings_and_templates_are_refused,
@@ -129,6 +130,55 @@ async fn a_loaded_tokenizer_keeps_the_budget_exactly(backend: Backend) {
         .parse()
         .unwrap();
     assert_eq!(n, fresh(&tiny, &plain.text().await.unwrap()));
+}
+
+async fn a_loaded_tokenizer_s_stable_window_is_counted_exactly(backend: Backend) {
+    let (app, _dir, file) = with_tiny(backend, "").await;
+    let tiny = load(&file);
+    let s = sid();
+    for i in 0..18 {
+        let (q, a) = TEXTS[i % TEXTS.len()];
+        app.complete(&s, q, a).await;
+    }
+    let mut moved = 0;
+    for format in ["text", "messages", "anthropic"] {
+        for max in (20..400).step_by(23) {
+            let read = format!("encoding=tiny&format={format}&max_tokens={max}");
+            let sliding = app.history_ok(&s, &read).await;
+            let stable = app
+                .history_ok(&s, &format!("{read}&window=stable&stride=4"))
+                .await;
+            let left_out = stable["window"]["left_out"].as_u64().unwrap();
+            moved += left_out;
+            let n = stable["included_turns"].as_u64().unwrap();
+            assert_eq!(n + left_out, sliding["included_turns"].as_u64().unwrap());
+            assert!(left_out < 4, "{stable}");
+            let from = stable["window"]["from_seq"].as_u64().unwrap_or(0);
+            if left_out > 0 {
+                assert_eq!((from - 1) % 4, 0, "{stable}");
+                assert_eq!(from, 19 - n, "the newest turns");
+            }
+            assert_eq!(stable["stopped_by"], sliding["stopped_by"], "{read}");
+            let counted = match format {
+                "anthropic" => stable["anthropic"]["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| fresh(&tiny, m["content"][0]["text"].as_str().unwrap()) + 4)
+                    .sum(),
+                _ => count_of(&tiny, &stable),
+            };
+            assert_eq!(
+                stable["token_count"].as_u64().unwrap() as usize,
+                counted,
+                "{read}"
+            );
+            assert!(counted <= max as usize);
+            let u = stable["unsummarized"]["turns"].as_u64().unwrap_or(0);
+            assert_eq!(u, 18 - n, "{read}: {stable}");
+        }
+    }
+    assert!(moved > 0, "some window left turns out");
 }
 
 /// Reads of `s` (holding `turns` turns) in `encoding` (counted by `t`)

@@ -286,6 +286,98 @@ export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /**
+         * @description The `anthropic` rendering: the `system` and `messages` of a request
+         *     to Anthropic's Messages API, content as text blocks.
+         * @example {
+         *       "system": [
+         *         {
+         *           "type": "text",
+         *           "text": "Summary of earlier turns: Alice is choosing a vector index."
+         *         }
+         *       ],
+         *       "messages": [
+         *         {
+         *           "role": "user",
+         *           "content": [
+         *             {
+         *               "type": "text",
+         *               "text": "What is a vector index?"
+         *             }
+         *           ]
+         *         },
+         *         {
+         *           "role": "assistant",
+         *           "content": [
+         *             {
+         *               "type": "text",
+         *               "text": "An index that finds the stored vectors nearest to a query vector.",
+         *               "cache_control": {
+         *                 "type": "ephemeral"
+         *               }
+         *             }
+         *           ]
+         *         }
+         *       ]
+         *     }
+         */
+        AnthropicHistory: {
+            /**
+             * @description The summary's block, when the history begins with one (absent
+             *     otherwise: prepend your own system blocks to it).
+             */
+            system?: components["schemas"]["TextBlock"][];
+            /** @description A user and an assistant message per turn, oldest first. */
+            messages: components["schemas"]["AnthropicMessage"][];
+        };
+        /** @description A message of the Messages API. */
+        AnthropicMessage: {
+            role: components["schemas"]["Speaker"];
+            /** @description One text block. */
+            content: components["schemas"]["TextBlock"][];
+        };
+        /**
+         * @description The type of a text block.
+         * @enum {string}
+         */
+        BlockType: "text";
+        /**
+         * @description The end of the stable part of a history: everything returned, which
+         *     a read of the conversation grown by more turns begins with as long as
+         *     its window's `from_seq` (and the summary) stay. A prompt cache's
+         *     breakpoint goes there.
+         * @example {
+         *       "seq": 27,
+         *       "messages": 14
+         *     }
+         */
+        Breakpoint: {
+            /**
+             * Format: int64
+             * @description The newest turn in it (`null` when only a summary is returned).
+             */
+            seq: number | null;
+            /**
+             * Format: int64
+             * @description `text` and templates: the bytes of `rendered` it takes.
+             */
+            bytes?: number;
+            /**
+             * Format: int64
+             * @description `messages`, `anthropic` and `chat_template`: the messages it takes
+             *     (a system message among them; for `anthropic`, of `messages`).
+             */
+            messages?: number;
+        };
+        /** @description A prompt-cache breakpoint: the prefix through this block is cached. */
+        CacheControl: {
+            type: components["schemas"]["CacheType"];
+        };
+        /**
+         * @description The kind of cache a breakpoint asks for.
+         * @enum {string}
+         */
+        CacheType: "ephemeral";
+        /**
          * @description An encoding, by its name: tiktoken's, built in; on a server with
          *     `TURNSTORE_TOKENIZERS_DIR`, also the tokenizers it loaded (its
          *     document lists them).
@@ -392,10 +484,11 @@ export interface components {
         };
         /**
          * @description How a history is returned: `text` (the rendering), `messages` (chat
-         *     messages) or `turns` (Turn objects, budgeted as `text`).
+         *     messages), `turns` (Turn objects, budgeted as `text`) or `anthropic`
+         *     (the Messages API's `system` and `messages`, budgeted as `messages`).
          * @enum {string}
          */
-        HistoryFormat: "text" | "messages" | "turns";
+        HistoryFormat: "text" | "messages" | "turns" | "anthropic";
         /**
          * @description How to select and render the history. Every field has a server default,
          *     stated in its description (as this server is configured).
@@ -501,6 +594,21 @@ export interface components {
              *     system message.
              */
             system?: string | null;
+            window?: components["schemas"]["WindowKind"] | null;
+            /**
+             * Format: int32
+             * @description With `window=stable`: turns per block (default 10). Choose it well
+             *     below the turns the budget holds: a window of fewer turns than a
+             *     stride slides.
+             */
+            stride?: number | null;
+            /**
+             * @description With `format=anthropic`: mark the prompt-cache breakpoints
+             *     (`cache_control: {"type": "ephemeral"}`) on the summary's block in
+             *     `system` and on the last block of the last message: two of the
+             *     four a request may hold.
+             */
+            cache_control?: boolean | null;
         };
         /**
          * @description The history, budgeted and rendered in one format.
@@ -563,6 +671,11 @@ export interface components {
              *     completion endpoint as it is.
              */
             prompt?: string;
+            /**
+             * @description `format=anthropic`: the `system` and `messages` of a Messages API
+             *     request (add your question as the last user message).
+             */
+            anthropic?: components["schemas"]["AnthropicHistory"];
             /** @description `format=turns`: the included turns, oldest first. */
             turns?: components["schemas"]["Turn"][];
             /**
@@ -578,6 +691,9 @@ export interface components {
              *     cleared and started again meanwhile.
              */
             generation: string | null;
+            /** @description `window=stable`: where the window begins, and what it left out. */
+            window?: components["schemas"]["WindowOut"];
+            breakpoint?: components["schemas"]["Breakpoint"] | null;
         };
         /**
          * @description Makes a retried start return the turn the first try made.
@@ -811,6 +927,11 @@ export interface components {
          */
         SessionId: string;
         /**
+         * @description Who says a message of the Messages API (the summary is in `system`).
+         * @enum {string}
+         */
+        Speaker: "user" | "assistant";
+        /**
          * @description Starts a turn with the user's question.
          * @example {
          *       "session_id": "chat-42",
@@ -912,6 +1033,13 @@ export interface components {
             token_count: number;
             /** Format: date-time */
             updated_at: string;
+        };
+        /** @description A text content block. */
+        TextBlock: {
+            type: components["schemas"]["BlockType"];
+            text: string;
+            /** @description A prompt-cache breakpoint (`cache_control=true`). */
+            cache_control?: components["schemas"]["CacheControl"];
         };
         /**
          * @description The roles a transcript's messages may have. (Read as any string, so
@@ -1041,6 +1169,36 @@ export interface components {
             sessions: components["schemas"]["UserSession"][];
             /** @description Pass as `cursor` for the next page; `null` on the last page. */
             next_cursor: string | null;
+        };
+        /**
+         * @description How a read's window moves: `sliding` or `stable`.
+         * @enum {string}
+         */
+        WindowKind: "sliding" | "stable";
+        /**
+         * @description A stable window (`window=stable`).
+         * @example {
+         *       "stride": 10,
+         *       "from_seq": 21,
+         *       "left_out": 3
+         *     }
+         */
+        WindowOut: {
+            /** Format: int64 */
+            stride: number;
+            /**
+             * Format: int64
+             * @description The oldest turn returned after the `keep_first` turn: a read of
+             *     the same conversation begins with the same turns as long as this
+             *     stays (`null` when none is returned).
+             */
+            from_seq: number | null;
+            /**
+             * Format: int64
+             * @description Turns that fit the budget but the window leaves out (a sliding
+             *     window would return them): at most `stride` − 1.
+             */
+            left_out: number;
         };
     };
     responses: {
@@ -1420,6 +1578,30 @@ export interface operations {
                  *     system message.
                  */
                 system?: string;
+                /**
+                 * @description `sliding` (default): the newest turns that fit. `stable`: of those,
+                 *     the ones from a stride boundary on (seqs 1, 1 + `stride`, 1 + 2 ×
+                 *     `stride`, …), so that consecutive reads of a growing conversation
+                 *     begin with the same turns (and a provider's prompt cache serves
+                 *     them) until the budget passes the boundary: about one read in
+                 *     `stride` begins elsewhere, and a window holds at most `stride` − 1
+                 *     turns fewer than a sliding one. Only when the budget leaves turns
+                 *     out; the summary and the `keep_first` turn stay in front.
+                 */
+                window?: components["schemas"]["WindowKind"];
+                /**
+                 * @description With `window=stable`: turns per block (default 10). Choose it well
+                 *     below the turns the budget holds: a window of fewer turns than a
+                 *     stride slides.
+                 */
+                stride?: number;
+                /**
+                 * @description With `format=anthropic`: mark the prompt-cache breakpoints
+                 *     (`cache_control: {"type": "ephemeral"}`) on the summary's block in
+                 *     `system` and on the last block of the last message: two of the
+                 *     four a request may hold.
+                 */
+                cache_control?: boolean;
             };
             header?: never;
             path: {

@@ -66,6 +66,8 @@ pub struct TemplateSelection {
     /// UTF-8 bytes of the contents as rendered: questions, answers, summary.
     pub bytes: u64,
     pub stopped_by: Option<StoppedBy>,
+    /// Turns that fit but a stable window leaves out.
+    pub left_out: usize,
 }
 
 /// Selects among candidates offered one at a time, rendering each once.
@@ -251,12 +253,21 @@ impl TemplateSelector {
             summary,
             fixed,
             first,
-            chosen,
-            tokens,
-            bytes,
+            mut chosen,
+            mut tokens,
+            mut bytes,
             stopped,
+            opts,
             ..
         } = self;
+        // A stable window leaves out the oldest turns of the run; what is
+        // left is rendered as it would have been, and counted whole.
+        let run = chosen.iter().rev().map(|(t, _)| t.turn.seq);
+        let drops = opts.window.drops(run, stopped.is_some());
+        let keep = chosen.len() - drops;
+        for (t, _) in chosen.drain(keep..) {
+            bytes -= (t.turn.user_query.len() + t.turn.final_answer.len()) as u64;
+        }
         let Fixed {
             header,
             separator,
@@ -279,6 +290,9 @@ impl TemplateSelector {
         if !turns.is_empty() {
             rendered.push_str(footer);
         }
+        if drops > 0 {
+            tokens = u64::from(opts.encoding.count(&rendered));
+        }
         TemplateSelection {
             rendered,
             token_count: u32::try_from(tokens).unwrap_or(u32::MAX),
@@ -286,6 +300,7 @@ impl TemplateSelector {
             summary: included,
             bytes,
             stopped_by: stopped,
+            left_out: drops,
         }
     }
 
