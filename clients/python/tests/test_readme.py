@@ -97,6 +97,7 @@ EXPECTED: Dict[str, Union[str, Callable[[str, str], bool]]] = {
         '<turn role="assistant">For recall, yes.</turn></history>\n'
         "## Conversation history\n\n**User:** Is HNSW < IVF?\n\n**Assistant:** For recall, yes.\n"
     ),
+    "Prompt caching": "1 None 1\n2 1 3\n3 1 5\n4 1 7\n5 1 9\n6 1 11\n7 4 7\n",
     "Import": "2 1 2\n['messages[0].role']\n",
     "Export": lambda stdout, suffix: sorted(stdout.splitlines())
     == [f"chat-48-{suffix} 1 None", f"chat-49-{suffix} 1 None"],

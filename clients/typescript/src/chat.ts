@@ -1,4 +1,4 @@
-import type { HistoryMessage, HistoryResponse } from "./types.js";
+import type { AnthropicHistory, AnthropicMessage, HistoryMessage, HistoryResponse, TextBlock } from "./types.js";
 
 /**
  * An OpenAI-style chat message. The union (rather than `role: string`) is
@@ -72,4 +72,60 @@ function toChatMessage(message: HistoryMessage): ChatMessage {
     default:
       throw new TypeError(`unexpected history message role: ${JSON.stringify(role)}`);
   }
+}
+
+export interface AnthropicRequestInput {
+  /** Your system prompt: a text block before the history's own (its summary's); omitted when
+   * absent or empty. */
+  system?: string | undefined;
+  /**
+   * The history in `anthropic` format: a history response asked for with
+   * `format: "anthropic"`, or its `anthropic` field. Absent: no history.
+   */
+  history?: HistoryResponse | AnthropicHistory | undefined;
+  /** The new question, the last user message. */
+  userQuery: string;
+}
+
+/**
+ * The `system` and `messages` of a request to Anthropic's Messages API:
+ * `client.messages.create({ model, max_tokens, ...request })`. `system` is
+ * absent when there is none.
+ */
+export interface AnthropicRequest {
+  system?: TextBlock[];
+  messages: AnthropicMessage[];
+}
+
+/**
+ * Builds the `system` and `messages` of a Messages API request: your system
+ * prompt's block, then the history's (its summary's), then its messages
+ * oldest first and the new question as the last user message, as fresh
+ * objects. The history's `cache_control` marks (read with `cache_control:
+ * true`) stay where they are: on the summary's block and on the last block
+ * of the history, so the prompt up to the new question is what is cached.
+ */
+export function anthropicRequest(input: AnthropicRequestInput): AnthropicRequest {
+  const history = anthropicHistory(input.history);
+  const system: TextBlock[] = input.system ? [{ type: "text", text: input.system }] : [];
+  system.push(...(history?.system ?? []).map(copyBlock));
+  const messages = (history?.messages ?? []).map((m) => ({ role: m.role, content: m.content.map(copyBlock) }));
+  messages.push({ role: "user", content: [{ type: "text", text: input.userQuery }] });
+  return system.length > 0 ? { system, messages } : { messages };
+}
+
+function anthropicHistory(history: HistoryResponse | AnthropicHistory | undefined): AnthropicHistory | undefined {
+  if (history === undefined || !("format" in history)) return history;
+  if (history.anthropic == null) {
+    // Another format's turns would silently vanish from the request.
+    throw new TypeError(
+      `anthropicRequest needs a history in anthropic format, got format "${history.format}": ` +
+        'ask for it with history: { format: "anthropic" }',
+    );
+  }
+  return history.anthropic;
+}
+
+function copyBlock(block: TextBlock): TextBlock {
+  return block.cache_control ? { ...block, cache_control: { ...block.cache_control } } : { ...block };
 }

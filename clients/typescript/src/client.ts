@@ -298,6 +298,10 @@ export class TurnstoreClient {
    * prompt the messages make through the chat template of the tokenizer
    * named by `encoding` (or `model`), `system` beginning it: a `messages`
    * history, with that prompt as `prompt` when `prompt: true`.
+   * `format: "anthropic"` returns a Messages API request as `anthropic`
+   * (see `anthropicRequest`), its prompt-cache breakpoints marked with
+   * `cache_control: true`; `window: "stable"` begins the history at a stride
+   * boundary, so that consecutive reads begin alike (`window`, `breakpoint`).
    */
   async getHistory<O extends HistoryOptions = Record<never, never>>(
     sessionId: string,
@@ -316,7 +320,8 @@ export class TurnstoreClient {
   }
 
   /** Reads the `text` rendering alone (`Accept: text/plain`), with its token count (no
-   * chat template: a chat template's prompt is `getHistory`'s `prompt`). */
+   * chat template: a chat template's prompt is `getHistory`'s `prompt`), in a stable window
+   * with `window: "stable"`. */
   async getHistoryText(
     sessionId: string,
     options?: TextHistoryOptions,

@@ -15,7 +15,14 @@ export {
   type TurnContext,
   type TurnstoreClientOptions,
 } from "./client.js";
-export { chatMessages, type ChatMessage, type ChatMessagesInput } from "./chat.js";
+export {
+  anthropicRequest,
+  chatMessages,
+  type AnthropicRequest,
+  type AnthropicRequestInput,
+  type ChatMessage,
+  type ChatMessagesInput,
+} from "./chat.js";
 export {
   TRANSPORT_FAILURE_STATUS,
   TurnstoreError,

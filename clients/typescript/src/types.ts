@@ -61,44 +61,96 @@ interface NoChatTemplate {
   prompt?: never;
   system?: never;
 }
+/** The options of a window, and the one of the `anthropic` format. */
+type WindowOption = "window" | "stride" | "cache_control";
+/** Without `format: "anthropic"`, `cache_control: true` is refused (422). */
+interface NoCacheControl {
+  cache_control?: false;
+}
+/** `stride` needs `window: "stable"` (422 otherwise). */
+type WindowChoice =
+  | { window?: "sliding"; stride?: never }
+  | {
+      /** Once the budget leaves turns out, begin at a stride boundary (seqs 1, 1 + `stride`, …)
+       * instead of the oldest turn that fits, so that consecutive reads of a growing conversation
+       * begin with the same turns and a provider's prompt cache keeps serving them: about one read
+       * in `stride` begins elsewhere. The summary and the `keep_first` turn stay in front. The
+       * history then has `window` and `breakpoint`. */
+      window: "stable";
+      /** Turns per block, 1 to 10 000 (default 10): well below the turns the budget holds. */
+      stride?: number;
+    };
+/** The formats without options of their own. */
+type PlainFormat = Exclude<HistoryQuery["format"], "anthropic" | undefined>;
+/** What every variant of the options shares. */
+type SharedOptions = Omit<HistoryQuery, "template" | "format" | ChatTemplateOption | WindowOption>;
 
 /**
  * How to select and render a history: the query parameters of get_history,
  * also accepted as a start's `history` (same names, same rules). A
  * `template` renders text only, so it admits no other `format` (the server
  * answers 422 to one); `chat_template: true` renders messages only, without
- * a `template`, and is what `prompt` and `system` need.
+ * a `template`, and is what `prompt` and `system` need; `cache_control`
+ * needs `format: "anthropic"`, and `stride` `window: "stable"`.
  */
-export type HistoryOptions =
-  | (Omit<HistoryQuery, "template" | ChatTemplateOption> & NoChatTemplate & { template?: never })
-  | (Omit<HistoryQuery, "template" | "format" | ChatTemplateOption> &
-      NoChatTemplate & {
-        /** Render with this template (built-ins `xml`, `markdown`; others from the
-         * server's `TURNSTORE_TEMPLATES_DIR`) instead of the `text` format. */
-        template: string;
-        format?: "text";
-      })
-  | (Omit<HistoryQuery, "template" | "format" | ChatTemplateOption> & {
-      /** Budget and count the prompt the messages make through the chat template of the
-       * loaded tokenizer named by `encoding` (or `model`), special tokens and all: `token_count`
-       * is the prompt's. In a start, the prompt ends with the new question and the template's
-       * generation prompt. A tokenizer without one: 422 `validation_failed`. */
-      chat_template: true;
-      /** Also return the rendered prompt (`prompt`). */
-      prompt?: boolean;
-      /** A system message the prompt (and `messages`) begins with, at most 64 KiB, counted in
-       * `max_tokens`; a `summary` joins it after a blank line. */
-      system?: string;
-      format?: "messages";
-      template?: never;
-    });
+export type HistoryOptions = WindowChoice &
+  (
+    | (SharedOptions & NoChatTemplate & NoCacheControl & { format?: PlainFormat; template?: never })
+    | (SharedOptions &
+        NoChatTemplate &
+        NoCacheControl & {
+          /** Render with this template (built-ins `xml`, `markdown`; others from the
+           * server's `TURNSTORE_TEMPLATES_DIR`) instead of the `text` format. */
+          template: string;
+          format?: "text";
+        })
+    | (SharedOptions &
+        NoCacheControl & {
+          /** Budget and count the prompt the messages make through the chat template of the
+           * loaded tokenizer named by `encoding` (or `model`), special tokens and all: `token_count`
+           * is the prompt's. In a start, the prompt ends with the new question and the template's
+           * generation prompt. A tokenizer without one: 422 `validation_failed`. */
+          chat_template: true;
+          /** Also return the rendered prompt (`prompt`). */
+          prompt?: boolean;
+          /** A system message the prompt (and `messages`) begins with, at most 64 KiB, counted in
+           * `max_tokens`; a `summary` joins it after a blank line. */
+          system?: string;
+          format?: "messages";
+          template?: never;
+        })
+    | (SharedOptions &
+        NoChatTemplate & {
+          /** The `system` and `messages` of Anthropic's Messages API (`anthropic`), budgeted as
+           * the `messages` format. */
+          format: "anthropic";
+          /** Mark the prompt-cache breakpoints (`cache_control: { type: "ephemeral" }`) on the
+           * summary's block in `system` and on the last block of the last message. */
+          cache_control?: boolean;
+          template?: never;
+        })
+  );
 /** History options of the text/plain rendering, which has one format (and no chat template). */
-export type TextHistoryOptions = Omit<HistoryQuery, "format" | ChatTemplateOption>;
+export type TextHistoryOptions = Omit<HistoryQuery, "format" | ChatTemplateOption | WindowOption> &
+  WindowChoice;
 export type HistoryResponse = JsonBody<GetHistoryOp["responses"][200]>;
 export type HistoryFormat = HistoryResponse["format"];
 export type HistoryMessage = NonNullable<HistoryResponse["messages"]>[number];
 /** The language of a rendering (`lang`): `en` for the English copies. */
 export type HistoryLanguage = NonNullable<HistoryQuery["lang"]>;
+/** How a history's window moves: `sliding` (the default) or `stable`. */
+export type WindowKind = NonNullable<HistoryQuery["window"]>;
+/** Where a stable window begins (`from_seq`), and the turns that fit it left out (`left_out`). */
+export type HistoryWindow = NonNullable<HistoryResponse["window"]>;
+/** The end of the part of a history that the next read begins with: where a prompt cache's
+ * breakpoint goes (`seq`; `bytes` of `rendered`, or `messages`). */
+export type Breakpoint = NonNullable<HistoryResponse["breakpoint"]>;
+/** The `system` and `messages` of a Messages API request, as `format: "anthropic"` returns them. */
+export type AnthropicHistory = NonNullable<HistoryResponse["anthropic"]>;
+/** A user or assistant message of the Messages API, its content text blocks. */
+export type AnthropicMessage = AnthropicHistory["messages"][number];
+/** A text block, with `cache_control` where a breakpoint is marked. */
+export type TextBlock = AnthropicMessage["content"][number];
 /**
  * The finalized turns a history neither returns nor covers with its summary
  * (`HistoryResponse["unsummarized"]` when not null): what to fold next.
@@ -131,26 +183,33 @@ export type Problem = ProblemBody<StartTurnOp["responses"][422]>;
 export type FieldError = NonNullable<Problem["errors"]>[number];
 
 /**
- * A history response narrowed by the format it was asked for: the server
- * returns exactly one of `rendered`, `messages`, `turns` (API.md), and `text`
- * when no format is given (a `template` renders into `rendered` too), but
- * `messages` with `chat_template: true`, and then the rendered `prompt` with
- * `prompt: true`. A `turns` history read with `summary: true` also has
- * `summary` when the session has one and it fit the budget.
+ * A history response narrowed by the options it was asked for: the server
+ * returns exactly one of `rendered`, `messages`, `turns`, `anthropic`
+ * (API.md), and `text` when no format is given (a `template` renders into
+ * `rendered` too), but `messages` with `chat_template: true`, and then the
+ * rendered `prompt` with `prompt: true`. A `turns` history read with
+ * `summary: true` also has `summary` when the session has one and it fit the
+ * budget. With `window: "stable"` it has `window`, and with that or
+ * `cache_control: true` `breakpoint` (`null` for an empty history).
  */
-export type HistoryFor<O> = O extends { chat_template: true }
+export type HistoryFor<O> = FormatHistory<O> &
+  (O extends { window: "stable" } ? { window: HistoryWindow } : unknown) &
+  (O extends { window: "stable" } | { cache_control: true } ? { breakpoint: Breakpoint | null } : unknown);
+type FormatHistory<O> = O extends { chat_template: true }
   ? MessagesHistory & (O extends { prompt: true } ? { prompt: string } : unknown)
   : O extends { format: "messages" }
     ? MessagesHistory
     : O extends { format: "turns" }
       ? HistoryResponse & { format: "turns"; turns: Turn[] }
-      : // Options without `format` at all ({ limit: 1 }) are text too; a check
-        // against { format?: undefined } alone would miss them (TypeScript's
-        // weak-type rule: no common property, so no match).
-        "format" extends keyof O
-        ? O extends { format?: "text" | undefined }
-          ? TextHistory
-          : HistoryResponse
-        : TextHistory;
+      : O extends { format: "anthropic" }
+        ? HistoryResponse & { format: "anthropic"; anthropic: AnthropicHistory }
+        : // Options without `format` at all ({ limit: 1 }) are text too; a check
+          // against { format?: undefined } alone would miss them (TypeScript's
+          // weak-type rule: no common property, so no match).
+          "format" extends keyof O
+          ? O extends { format?: "text" | undefined }
+            ? TextHistory
+            : HistoryResponse
+          : TextHistory;
 type TextHistory = HistoryResponse & { format: "text"; rendered: string };
 type MessagesHistory = HistoryResponse & { format: "messages"; messages: HistoryMessage[] };

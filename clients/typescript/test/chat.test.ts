@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { type HistoryMessage, type HistoryResponse, chatMessages } from "turnstore-client";
+import { type HistoryMessage, type HistoryResponse, anthropicRequest, chatMessages } from "turnstore-client";
 
 const history = (fields: Partial<HistoryResponse>): HistoryResponse => ({
   session_id: "s",
@@ -66,6 +66,57 @@ describe("chatMessages", () => {
     assert.throws(
       () => chatMessages({ history: fromWire('[{"role":"tool","content":"x"}]'), userQuery: "q" }),
       /unexpected history message role: "tool"/,
+    );
+  });
+});
+
+describe("anthropicRequest", () => {
+  const marked = { type: "text", text: "a1", cache_control: { type: "ephemeral" } } as const;
+
+  it("puts the system prompt before the history's system blocks, and the question last", () => {
+    const request = anthropicRequest({
+      system: "Be brief.",
+      history: history({
+        format: "anthropic",
+        anthropic: {
+          system: [{ type: "text", text: "Summary: q0" }],
+          messages: [
+            { role: "user", content: [{ type: "text", text: "q1" }] },
+            { role: "assistant", content: [marked] },
+          ],
+        },
+      }),
+      userQuery: "q2",
+    });
+    assert.deepEqual(request, {
+      system: [
+        { type: "text", text: "Be brief." },
+        { type: "text", text: "Summary: q0" },
+      ],
+      messages: [
+        { role: "user", content: [{ type: "text", text: "q1" }] },
+        { role: "assistant", content: [marked] },
+        { role: "user", content: [{ type: "text", text: "q2" }] },
+      ],
+    });
+    // Copies: the history's blocks are not the request's.
+    assert.notEqual(request.messages[1]?.content[0], marked);
+    assert.notEqual(request.messages[1]?.content[0]?.cache_control, marked.cache_control);
+  });
+
+  it("takes a bare anthropic history, and works without system prompt or history", () => {
+    assert.deepEqual(anthropicRequest({ history: { messages: [] }, userQuery: "q" }), {
+      messages: [{ role: "user", content: [{ type: "text", text: "q" }] }],
+    });
+    assert.deepEqual(anthropicRequest({ system: "", userQuery: "q" }), {
+      messages: [{ role: "user", content: [{ type: "text", text: "q" }] }],
+    });
+  });
+
+  it("refuses a history that is not in anthropic format", () => {
+    assert.throws(
+      () => anthropicRequest({ history: history({ messages: [{ role: "user", content: "q1" }] }), userQuery: "q" }),
+      /anthropic format, got format "messages"/,
     );
   });
 });

@@ -65,6 +65,7 @@ const README_EXAMPLES = [
   "Rolling summaries",
   "Templates",
   "Chat templates",
+  "Prompt caching",
   "Import and export",
 ];
 

@@ -203,6 +203,33 @@ describe("README examples against the real server", () => {
     });
   });
 
+  describe("Prompt caching: a stable window of anthropic blocks", () => {
+    interface PromptCaching {
+      HISTORY: HistoryOptions;
+      ask(sessionId: string, question: string): Promise<string>;
+    }
+    it("answers with the history, which begins at a stride boundary", async () => {
+      const saved = process.env["TURNSTORE_URL"];
+      process.env["TURNSTORE_URL"] = server.baseUrl;
+      let example: PromptCaching;
+      try {
+        example = (await readmeModule("Prompt caching")) as unknown as PromptCaching;
+      } finally {
+        if (saved === undefined) delete process.env["TURNSTORE_URL"];
+        else process.env["TURNSTORE_URL"] = saved;
+      }
+      const sessionId = id("readme-cache");
+      for (let n = 1; n <= 25; n += 1) {
+        assert.equal(await example.ask(sessionId, `question ${n}`), `An answer to: question ${n}`);
+      }
+      // The newest 20 are 6 to 25: the window begins at 11, the boundary after 6.
+      const history = await turnstore.getHistory(sessionId, example.HISTORY);
+      assert.deepEqual(history.window, { stride: 10, from_seq: 11, left_out: 5 });
+      assert.deepEqual(history.breakpoint, { seq: 25, messages: 30 });
+      assert.equal(history.anthropic?.messages[0]?.content[0]?.text, "question 11");
+    });
+  });
+
   describe("A RAG request and Templates: clients made from the environment", () => {
     interface RagRequest {
       ask(sessionId: string, userId: string, question: string): Promise<string>;

@@ -3,15 +3,20 @@
 import type OpenAI from "openai";
 import createClient from "openapi-fetch";
 import {
+  type AnthropicHistory,
+  type AnthropicRequest,
+  type Breakpoint,
   type ExportedSession,
   type HistoryFormat,
   type HistoryResponse,
+  type HistoryWindow,
   type ImportResult,
   type JsonMediaType,
   type Summary,
   TurnstoreClient,
   TurnstoreError,
   type Unsummarized,
+  anthropicRequest,
   chatMessages,
   type paths,
 } from "turnstore-client";
@@ -105,6 +110,43 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   await client.getHistory("s", { chat_template: true, template: "xml" });
   // @ts-expect-error text/plain has no chat template
   await client.getHistoryText("s", { encoding: "chat", chat_template: true });
+
+  // Windows and the anthropic format: `window`, `breakpoint` and `anthropic` typed when asked for.
+  const stable = await client.getHistory("s", { window: "stable", stride: 5, format: "messages" });
+  const stableWindow: Equals<typeof stable.window, HistoryWindow> = true;
+  const stableBreakpoint: Breakpoint | null = stable.breakpoint;
+  const stableContents: string[] = stable.messages.map((m) => m.content);
+  const anthropic = await client.getHistory("s", { format: "anthropic", cache_control: true, summary: true });
+  const blocks: AnthropicHistory = anthropic.anthropic;
+  const marked: Breakpoint | null = anthropic.breakpoint;
+  const request: AnthropicRequest = anthropicRequest({ history: anthropic, userQuery: "q", system: "Be brief." });
+  const fromBlocks: AnthropicRequest = anthropicRequest({ history: blocks, userQuery: "q" });
+  void [stableWindow, stableBreakpoint, stableContents, marked, request, fromBlocks];
+  // @ts-expect-error a window only when asked for
+  const noWindow: HistoryWindow = anthropic.window;
+  // @ts-expect-error a breakpoint only with window: "stable" or cache_control: true
+  const noBreakpoint: Breakpoint | null = (await client.getHistory("s", { format: "anthropic" })).breakpoint;
+  void [noWindow, noBreakpoint];
+  const startedStable = await client.startTurn({ userQuery: "q", history: { format: "anthropic", window: "stable" } });
+  const startWindow: HistoryWindow = startedStable.history.window;
+  const startBlocks: AnthropicHistory = startedStable.history.anthropic;
+  void [startWindow, startBlocks];
+  await client.getHistoryText("s", { window: "stable", stride: 3, template: "xml" });
+  await client.getHistory("s", { window: "sliding", format: "anthropic", cache_control: false });
+  // @ts-expect-error stride needs window: "stable"
+  await client.getHistory("s", { stride: 3 });
+  // @ts-expect-error windows are sliding or stable
+  await client.getHistory("s", { window: "fixed" });
+  // @ts-expect-error cache_control needs format: "anthropic"
+  await client.getHistory("s", { format: "messages", cache_control: true });
+  // @ts-expect-error cache_control needs format: "anthropic"
+  await client.getHistory("s", { cache_control: true });
+  // @ts-expect-error the anthropic format and a template do not mix
+  await client.getHistory("s", { format: "anthropic", template: "xml" });
+  // @ts-expect-error the anthropic format and a chat template do not mix
+  await client.getHistory("s", { format: "anthropic", chat_template: true });
+  // @ts-expect-error text/plain has no anthropic format
+  await client.getHistoryText("s", { cache_control: true });
 
   // Every history has `unsummarized`; a turns history may carry the summary; turns their English copies.
   const left: Unsummarized | null = asTurns.unsummarized;

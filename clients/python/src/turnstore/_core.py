@@ -45,6 +45,7 @@ from .models import (
     HistoryText,
     Language,
     Summary,
+    WindowKind,
 )
 
 __all__ = ["Call", "RetryPolicy"]
@@ -361,6 +362,9 @@ def history_options(
     chat_template: Optional[bool] = None,
     prompt: Optional[bool] = None,
     system: Optional[str] = None,
+    window: Optional[WindowKind] = None,
+    stride: Optional[int] = None,
+    cache_control: Optional[bool] = None,
 ) -> HistoryOptions:
     """``options`` with the keyword arguments that are set taking precedence."""
     base = options if options is not None else HistoryOptions()
@@ -381,6 +385,9 @@ def history_options(
         "chat_template": chat_template,
         "prompt": prompt,
         "system": system,
+        "window": window,
+        "stride": stride,
+        "cache_control": cache_control,
     }
     merged = base.to_json()
     merged.update({k: v for k, v in overrides.items() if v is not None})

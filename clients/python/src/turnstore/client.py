@@ -26,6 +26,7 @@ from .models import (
     Turn,
     UserSession,
     UserSessionsPage,
+    WindowKind,
 )
 from .turn import DEFAULT_TURN_HISTORY, TurnContext
 
@@ -207,6 +208,9 @@ class Client:
         chat_template: Optional[bool] = None,
         prompt: Optional[bool] = None,
         system: Optional[str] = None,
+        window: Optional[WindowKind] = None,
+        stride: Optional[int] = None,
+        cache_control: Optional[bool] = None,
     ) -> History:
         """A session's finalized turns, newest first up to the bounds, in one
         format; keyword arguments override the fields of ``options`` (see
@@ -221,7 +225,14 @@ class Client:
         ``chat_template=True`` budgets the prompt the messages make through
         the chat template of the tokenizer named by ``encoding`` (or
         ``model``), ``system=`` beginning it; ``prompt=True`` also returns
-        that prompt (:attr:`History.prompt`)."""
+        that prompt (:attr:`History.prompt`). ``window="stable"`` (with
+        ``stride=``) begins the history at a stride boundary once the budget
+        leaves turns out, so that consecutive reads begin alike and a prompt
+        cache keeps serving them (:attr:`History.window`,
+        :attr:`History.breakpoint`); ``format="anthropic"`` returns a
+        Messages API request (:attr:`History.anthropic`,
+        :meth:`History.anthropic_request`), its prompt-cache breakpoints
+        marked with ``cache_control=True``."""
         opts = _core.history_options(
             options,
             limit=limit,
@@ -240,6 +251,9 @@ class Client:
             chat_template=chat_template,
             prompt=prompt,
             system=system,
+            window=window,
+            stride=stride,
+            cache_control=cache_control,
         )
         call = _core.history_call(session_id, opts)
         return _core.parse(self._send(call), call.request_id, History.from_json)
@@ -261,10 +275,13 @@ class Client:
         lang: Optional[Language] = None,
         summary: Optional[bool] = None,
         template: Optional[str] = None,
+        window: Optional[WindowKind] = None,
+        stride: Optional[int] = None,
     ) -> HistoryText:
         """The ``text`` rendering (or the ``template``'s) alone
         (``Accept: text/plain``), with its exact token count from the
-        ``x-token-count`` header."""
+        ``x-token-count`` header; ``window="stable"`` (with ``stride=``)
+        as in :meth:`get_history`."""
         opts = _core.history_options(
             options,
             limit=limit,
@@ -279,6 +296,8 @@ class Client:
             lang=lang,
             summary=summary,
             template=template,
+            window=window,
+            stride=stride,
         )
         call = _core.history_call(session_id, opts, text=True)
         return _core.history_text(self._send(call), call.request_id)

@@ -8,10 +8,22 @@ adds fields does not break an older client.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Mapping, Optional, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Dict,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Tuple,
+    TypedDict,
+    Union,
+)
 
 from .messages import Message, build_chat_messages
 
@@ -19,26 +31,40 @@ if TYPE_CHECKING:  # openai is optional: see turnstore.messages
     from openai.types.chat import ChatCompletionMessageParam
 
 __all__ = [
+    "AnthropicHistory",
+    "AnthropicMessage",
+    "Breakpoint",
+    "CacheControl",
     "Erasure",
     "ExportedSession",
     "History",
     "HistoryFormat",
     "HistoryOptions",
     "HistoryText",
+    "HistoryWindow",
     "ImportResult",
     "Language",
     "Session",
     "StartedTurn",
     "StopReason",
     "Summary",
+    "TextBlock",
     "Turn",
     "Unsummarized",
     "UserSession",
     "UserSessionsPage",
+    "WindowKind",
 ]
 
-HistoryFormat = Literal["text", "messages", "turns"]
-"""``text``: one rendered string; ``messages``: chat messages; ``turns``: Turn objects."""
+HistoryFormat = Literal["text", "messages", "turns", "anthropic"]
+"""``text``: one rendered string; ``messages``: chat messages; ``turns``: Turn
+objects; ``anthropic``: the ``system`` and ``messages`` of Anthropic's
+Messages API (see :class:`AnthropicHistory`)."""
+
+WindowKind = Literal["sliding", "stable"]
+"""How a history's window moves as the conversation grows: ``sliding``
+(the newest turns that fit) or ``stable`` (from a stride boundary on, so
+that consecutive reads begin with the same turns)."""
 
 StopReason = Literal["limit", "max_tokens", "max_bytes"]
 """The bound that left older turns out of a history."""
@@ -80,7 +106,9 @@ class HistoryOptions:
     Attributes:
         limit: at most this many most recent finalized turns (0..=10000).
         max_tokens: the rendering fits in this many tokens (0..=10000000).
-        format: ``text``, ``messages`` or ``turns``.
+        format: ``text``, ``messages``, ``turns`` or ``anthropic``
+            (budgeted as ``messages``; not with ``template`` nor
+            ``chat_template``).
         model: count tokens with this model's encoding (``gpt-4o``, or a
             model in the server's ``TURNSTORE_MODELS`` table); an unknown
             model counts with the server's default encoding (the response's
@@ -118,6 +146,21 @@ class HistoryOptions:
             with (at most 64 KiB), counted in ``max_tokens``; with
             ``summary=True`` the summary joins it after a blank line. The
             returned ``messages`` then begin with it.
+        window: ``sliding`` (the server's default: the newest turns that
+            fit) or ``stable``: once the budget leaves turns out, only the
+            turns from a stride boundary on (seqs 1, 1 + ``stride``, ...),
+            so that consecutive reads of a growing conversation begin with
+            the same turns and a provider's prompt cache keeps serving them
+            (about one read in ``stride`` begins elsewhere). The summary
+            and the ``keep_first`` turn stay in front. The history then
+            has :attr:`History.window` and :attr:`History.breakpoint`.
+        stride: with ``window="stable"``, the turns per block (1..=10000,
+            the server's default 10); choose it well below the turns the
+            budget holds.
+        cache_control: with ``format="anthropic"``, mark the prompt-cache
+            breakpoints (``cache_control: {"type": "ephemeral"}``) on the
+            summary's system block and on the last block of the last
+            message; the history then has :attr:`History.breakpoint`.
     """
 
     limit: Optional[int] = None
@@ -136,6 +179,9 @@ class HistoryOptions:
     chat_template: Optional[bool] = None
     prompt: Optional[bool] = None
     system: Optional[str] = None
+    window: Optional[WindowKind] = None
+    stride: Optional[int] = None
+    cache_control: Optional[bool] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The set options, as the ``history`` object of a start request."""
@@ -250,12 +296,121 @@ class Unsummarized:
         )
 
 
+class CacheControl(TypedDict):
+    """A prompt-cache breakpoint of the Messages API: ``{"type": "ephemeral"}``."""
+
+    type: Literal["ephemeral"]
+
+
+class _TextBlockFields(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class TextBlock(_TextBlockFields, total=False):
+    """A text content block: ``{"type": "text", "text": str}``, with
+    ``cache_control`` where a history read with ``cache_control=True``
+    marks a breakpoint."""
+
+    cache_control: CacheControl
+
+
+class AnthropicMessage(TypedDict):
+    """A message of the Messages API: ``user`` or ``assistant``, its content
+    text blocks."""
+
+    role: Literal["user", "assistant"]
+    content: List[TextBlock]
+
+
+class _AnthropicMessages(TypedDict):
+    messages: List[AnthropicMessage]
+
+
+class AnthropicHistory(_AnthropicMessages, total=False):
+    """The ``system`` and ``messages`` of a request to Anthropic's Messages
+    API, as ``format="anthropic"`` returns them (a user and an assistant
+    message per turn, oldest first) and as
+    :meth:`History.anthropic_request` builds them: keyword arguments of
+    ``client.messages.create`` as they are. ``system`` (the summary's block,
+    or your system prompt's) is absent when there is none.
+
+    Plain dicts at run time; anthropic's own TypedDicts declare more keys,
+    so a type checker may want a cast where they are expected (see
+    :mod:`turnstore.messages` for the same with openai).
+    """
+
+    system: List[TextBlock]
+
+
+def _text_block(data: Mapping[str, Any]) -> TextBlock:
+    block: TextBlock = {"type": data["type"], "text": data["text"]}
+    cache = data.get("cache_control")
+    if cache is not None:
+        block["cache_control"] = {"type": cache["type"]}
+    return block
+
+
+def _anthropic_history(data: Mapping[str, Any]) -> AnthropicHistory:
+    history: AnthropicHistory = {
+        "messages": [
+            {"role": m["role"], "content": [_text_block(b) for b in m["content"]]}
+            for m in data["messages"]
+        ]
+    }
+    system = data.get("system")
+    if system is not None:
+        history["system"] = [_text_block(b) for b in system]
+    return history
+
+
+@dataclass(frozen=True)
+class HistoryWindow:
+    """Where a stable window (``window="stable"``) begins: ``from_seq`` is
+    the oldest turn returned after the ``keep_first`` turn (``None`` when
+    none is returned); consecutive reads of a growing conversation begin
+    with the same turns as long as it stays. ``left_out`` counts the turns
+    that fit the budget but the window leaves out (a sliding window would
+    return them): at most ``stride - 1``."""
+
+    stride: int
+    from_seq: Optional[int]
+    left_out: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> HistoryWindow:
+        return cls(stride=data["stride"], from_seq=data["from_seq"], left_out=data["left_out"])
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    """The end of the stable part of a history, where a prompt cache's
+    breakpoint goes: everything returned, which the next read begins with
+    as long as the window's ``from_seq`` (and the summary) stay.
+
+    ``seq`` is the newest turn in it (``None`` when only a summary is
+    returned); ``bytes`` the bytes of ``rendered`` it takes (``text`` and
+    templates); ``messages`` the messages it takes (``messages`` and
+    ``chat_template``, a system message among them; for ``anthropic``, of
+    its ``messages``).
+    """
+
+    seq: Optional[int]
+    bytes: Optional[int] = None
+    messages: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Breakpoint:
+        return cls(seq=data["seq"], bytes=data.get("bytes"), messages=data.get("messages"))
+
+
 @dataclass(frozen=True)
 class History:
     """A session's history, budgeted and rendered in one format.
 
     Exactly one of ``rendered`` (format ``text``), ``messages`` (format
-    ``messages``) and ``turns`` (format ``turns``) is set. ``token_count``
+    ``messages``), ``turns`` (format ``turns``) and ``anthropic`` (format
+    ``anthropic``) is set. ``token_count``
     is the exact count of what is returned, in ``encoding``;
     ``stopped_by`` names the bound that left older turns out, or is
     ``None`` when every candidate turn is included.
@@ -278,6 +433,12 @@ class History:
     ``token_count`` counts), for a completion endpoint as it is: set when
     the history was read with ``chat_template=True`` and ``prompt=True``,
     else ``None``.
+
+    ``window`` says where a stable window begins and what it left out (read
+    with ``window="stable"``, else ``None``). ``breakpoint`` says where the
+    part that the next read begins with ends, for a prompt cache's
+    breakpoint (read with ``window="stable"`` or ``cache_control=True``;
+    ``None`` otherwise, and for an empty history).
     """
 
     session_id: str
@@ -297,6 +458,9 @@ class History:
     unsummarized: Optional[Unsummarized] = None
     generation: Optional[str] = None
     prompt: Optional[str] = None
+    anthropic: Optional[AnthropicHistory] = None
+    window: Optional[HistoryWindow] = None
+    breakpoint: Optional[Breakpoint] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> History:
@@ -304,6 +468,9 @@ class History:
         turns = data.get("turns")
         summary = data.get("summary")
         unsummarized = data.get("unsummarized")
+        anthropic = data.get("anthropic")
+        window = data.get("window")
+        breakpoint = data.get("breakpoint")
         return cls(
             session_id=data["session_id"],
             user_id=data.get("user_id"),
@@ -326,6 +493,9 @@ class History:
             unsummarized=None if unsummarized is None else Unsummarized.from_json(unsummarized),
             generation=data.get("generation"),
             prompt=data.get("prompt"),
+            anthropic=None if anthropic is None else _anthropic_history(anthropic),
+            window=None if window is None else HistoryWindow.from_json(window),
+            breakpoint=None if breakpoint is None else Breakpoint.from_json(breakpoint),
         )
 
     def chat_messages(self) -> List[Message]:
@@ -334,7 +504,8 @@ class History:
         begins with one (as the ``messages`` format renders it).
 
         Works for the ``messages`` and ``turns`` formats; a ``text`` history
-        has no message structure left, so it raises ``ValueError``.
+        has no message structure left, so it raises ``ValueError`` (as an
+        ``anthropic`` one does: see :meth:`anthropic_request`).
         """
         if self.messages is not None:
             return list(self.messages)
@@ -349,7 +520,8 @@ class History:
                 out.append({"role": "assistant", "content": turn.final_answer})
             return out
         raise ValueError(
-            "a history in format 'text' has no messages: ask for format='messages' (or 'turns')"
+            f"a history in format {self.format!r} has no chat messages: "
+            "ask for format='messages' (or 'turns')"
         )
 
     def to_openai_messages(
@@ -359,6 +531,34 @@ class History:
         then this history, then ``question`` as the last user message (if
         given). Typed for the OpenAI SDK; see :mod:`turnstore.messages`."""
         return build_chat_messages(self.chat_messages(), system=system, question=question)
+
+    def anthropic_request(self, question: str, *, system: Optional[str] = None) -> AnthropicHistory:
+        """The ``system`` and ``messages`` keyword arguments of Anthropic's
+        ``client.messages.create``: ``system`` (if given, not empty) as a
+        text block before the history's own (its summary's), then this
+        history's messages and ``question`` as the last user message, as
+        fresh dicts the caller may mutate. ``system`` is left out when there
+        is none.
+
+        The history's ``cache_control`` marks (read with
+        ``cache_control=True``) stay where they are: on the summary's block
+        and on the last block of the history, so the prompt up to the new
+        question is what the provider caches. Works for the ``anthropic``
+        format only; another raises ``ValueError``.
+        """
+        if self.anthropic is None:
+            raise ValueError(
+                f"a history in format {self.format!r} has no Messages API request: "
+                "ask for format='anthropic'"
+            )
+        history = copy.deepcopy(self.anthropic)
+        blocks: List[TextBlock] = [{"type": "text", "text": system}] if system else []
+        blocks.extend(history.get("system", []))
+        messages = history["messages"]
+        messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
+        if not blocks:
+            return {"messages": messages}
+        return {"system": blocks, "messages": messages}
 
 
 @dataclass(frozen=True)

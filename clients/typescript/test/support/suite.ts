@@ -10,6 +10,7 @@ import { type HistoryResponse, TurnstoreClient, type TurnstoreClientOptions } fr
 import { UUID, id, turnstoreError } from "./assertions.js";
 import { type Fault, FaultyFetch, problem } from "./faults.js";
 import { type SuiteContext, v11Suites, writeTemplates } from "./suite-v11.js";
+import { windowSuites } from "./suite-windows.js";
 
 export interface Backend {
   baseUrl: string;
@@ -551,5 +552,6 @@ export function clientSuite(store: string, startBackend: StartBackend): void {
     });
 
     v11Suites(context);
+    windowSuites(context);
   });
 }
