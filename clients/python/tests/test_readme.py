@@ -179,6 +179,12 @@ STRATEGIES = {
         "\\n\\nAbout 1.5 times the vectors.<|eot_id|><|start_header_id|>assistant"
         '<|end_header_id|>\\n\\n"',
     ],
+    "Prompt caches: stable windows": [
+        '"window":{"stride":3,"from_seq":7,"left_out":2}',
+        '"breakpoint":{"seq":8,"messages":4}',
+        '"window":{"stride":3,"from_seq":7,"left_out":1}',
+        '"breakpoint":{"seq":9,"messages":6}',
+    ],
 }
 
 
