@@ -13,6 +13,7 @@ conformance!(
     stable_windows_count_templates_and_every_format_exactly,
     anthropic_is_a_messages_api_request,
     window_and_cache_control_are_validated,
+    a_stable_read_makes_the_calls_a_sliding_one_does,
 );
 
 /// Turn `i` of a conversation of uneven turns (8 to 30 words a text).
@@ -367,4 +368,77 @@ async fn window_and_cache_control_are_validated(backend: Backend) {
         .await
         .unwrap();
     problem(res, 422, "validation_failed").await;
+}
+
+/// Scripts Redis ran for its clients so far (all nodes): a read's round
+/// trips.
+fn commands(app: &TestApp) -> u64 {
+    app.on_every_redis(&["INFO", "commandstats"])
+        .iter()
+        .flat_map(|info| info.lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| {
+            [
+                "cmdstat_evalsha:",
+                "cmdstat_eval:",
+                "cmdstat_fcall:",
+                "cmdstat_fcall_ro:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
+        .map(|l| {
+            let calls = l.split("calls=").nth(1).unwrap().split(',').next().unwrap();
+            calls.parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+async fn a_stable_read_makes_the_calls_a_sliding_one_does(backend: Backend) {
+    if backend == Backend::Memory {
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let s = sid();
+    for i in 1..=20 {
+        let (q, a) = texts(i);
+        app.complete(&s, &q, &a).await;
+    }
+    // The walk describes what a stable window leaves out as it ends: no
+    // script call more than a sliding read.
+    let mut made = Vec::new();
+    for query in ["limit=8", "limit=8&window=stable&stride=5"] {
+        let before = commands(&app);
+        let h = app.history_ok(&s, query).await;
+        made.push((commands(&app) - before, h));
+    }
+    let (sliding, stable) = (&made[0].1, &made[1].1);
+    assert_eq!(stable["window"]["left_out"], 3, "from 16: {stable}");
+    assert_eq!(made[0].0, made[1].0, "calls");
+    assert_eq!(sliding["unsummarized"]["turns"], 12);
+    assert_eq!(
+        stable["unsummarized"],
+        json!({"after_seq": 0, "through_seq": 15, "turns": 15, "tokens": stable["unsummarized"]["tokens"]})
+    );
+    assert!(
+        stable["unsummarized"]["tokens"].as_u64().unwrap()
+            > sliding["unsummarized"]["tokens"].as_u64().unwrap()
+    );
+    // And with a start, a summary and keep_first.
+    let res = app
+        .put_summary(&s, json!({"summary": "Earlier turns.", "through_seq": 3}))
+        .await;
+    ok_json(res, StatusCode::OK).await;
+    let options =
+        json!({"limit": 6, "window": "stable", "stride": 4, "summary": true, "keep_first": true});
+    let read = app
+        .history_ok(
+            &s,
+            "limit=6&window=stable&stride=4&summary=true&keep_first=true",
+        )
+        .await;
+    let started = app
+        .started(json!({"session_id": s, "user_query": "next?", "history": options}))
+        .await;
+    assert_eq!(started["history"]["unsummarized"], read["unsummarized"]);
+    assert_eq!(started["history"]["window"], read["window"]);
 }

@@ -9,7 +9,9 @@ use super::reply::{Reply, corrupt};
 use super::scripts::{args, pack};
 use super::summaries::{self, Described};
 use crate::domain::SessionId;
-use crate::history::{BudgetState, Candidate, Options, Picker, Selection, Selector, StoppedBy};
+use crate::history::{
+    BudgetState, Candidate, Options, Picker, Selection, Selector, StoppedBy, Window,
+};
 use crate::store::counting::{self, offer_all};
 use crate::store::{SessionInfo, StoreError, StoredHistory, StoredSummary, Unsummarized};
 use crate::turn::{Millis, TurnView};
@@ -43,7 +45,7 @@ pub(super) fn walk_args(
     let (newest_inner, newest_last) = s
         .newest
         .map_or((-1.0, 0.0), |(i, l)| (f64::from(i), f64::from(l)));
-    let mut out = Vec::with_capacity(12 * 8 + 9);
+    let mut out = Vec::with_capacity(13 * 8 + 9);
     pack(
         &mut out,
         &[
@@ -70,6 +72,11 @@ pub(super) fn walk_args(
     out.push(u8::from(first && o.summary));
     out.push(u8::from(first));
     out.push(u8::from(budget.is_some()));
+    let stride = match o.window {
+        Window::Stable { stride } => stride as f64,
+        Window::Sliding => 0.0,
+    };
+    pack(&mut out, &[stride]);
     out
 }
 
@@ -102,6 +109,9 @@ pub(super) struct Page {
     /// The summary the read begins with (a first call's).
     pub summary: Option<StoredSummary>,
     pub described: Described,
+    /// How many of the turns taken a stable window leaves out, as the
+    /// walk described what the read leaves unsummarized.
+    pub left_out: usize,
 }
 
 pub(super) enum PageEnd {
@@ -127,6 +137,11 @@ impl Page {
         let entries = candidates(Reply::array(r.next()?)?, read)?;
         let summary = summaries::parse(r.next()?)?;
         let described = Described::parse(r.next()?)?;
+        // Walks that end early say nothing of a window.
+        let left_out = match r.next() {
+            Ok(v) => Reply::uint_of(v)? as usize,
+            Err(_) => 0,
+        };
         let status = match status.as_str() {
             "done" => PageEnd::Done,
             "more" if !entries.is_empty() => PageEnd::More(next),
@@ -142,6 +157,7 @@ impl Page {
             entries,
             summary,
             described,
+            left_out,
         })
     }
 }
@@ -220,9 +236,11 @@ impl RedisStore {
     ) -> Result<Selected, StoreError> {
         let total = page.total;
         let described = std::mem::replace(&mut page.described, Described::Later);
-        // The walk describes what lies below every turn it hands over.
+        // The walk describes what lies below every turn it hands over (but
+        // those a stable window leaves out, which it counts among them).
         let handed = page.entries.len() + usize::from(page.first.is_some());
         let summary = page.summary.take();
+        let page_left_out = page.left_out;
         let after = read
             .after_seq
             .max(summary.as_ref().map_or(0, |s| s.through_seq));
@@ -235,8 +253,13 @@ impl RedisStore {
         }
         let picked = sel.finish()?;
         let selection = picked.selection;
+        let left_out = page_left_out;
         let unsummarized = match described {
-            Described::Done(u) if selection.turns.len() == handed => u,
+            Described::Done(u)
+                if selection.turns.len() + left_out == handed && selection.left_out == left_out =>
+            {
+                u
+            }
             Described::Done(_) | Described::Later => {
                 self.describe(session, &selection, read, before_seq, now)
                     .await?

@@ -17,7 +17,10 @@
 -- begin with the session's summary, the candidates above what it covers),
 -- describe (1: a first call, which describes the unsummarized turns when
 -- it ends the walk), budget (0: the caller budgets every turn
--- itself, a template's read: hand them all over).
+-- itself, a template's read: hand them all over); then the stride of a
+-- stable window (0: sliding; see history/window.rs), which the
+-- description of a walk that ends here follows: the turns the window
+-- leaves out are unsummarized.
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
 -- when the read's range is all of them; `known` (optional) the meta
@@ -27,7 +30,9 @@
 -- (for 'more'), candidates in range, first or false, flat entries, the
 -- summary {text, through seq, SUMMARY header} or false, the unsummarized
 -- turns below those returned (see describe) or false, or 'later' (a walk
--- in pages: the caller asks unsummarized.lua once it has selected)}, each
+-- in pages: the caller asks unsummarized.lua once it has selected), and
+-- how many of the turns taken the description leaves to a stable
+-- window}, each
 -- entry (first too) a member, a record, a tail or false, and the English
 -- copies or false (loaded whole when the read needs them). The record's
 -- header's last field says how much of the question it holds (the member
@@ -43,12 +48,12 @@ local WALK, LOADED = 1024, 1048576
 local HANDOVER, HANDOVER_BYTES = 64, 262144
 local BATCH = 64
 
-local WALK_ARGS = '>ddddddddddddc1BBBBBBBB'
+local WALK_ARGS = '>ddddddddddddc1BBBBBBBBd'
 
 local function walk(at, before, count, now, known, unpending)
   local after, upper_seq, room, max_tokens, max_bytes, max_q, max_a, header,
     inner_sum, ni, nl, bytes, enc, text, keep_first, change, english, copies,
-    with_summary, describing, budget = struct.unpack(WALK_ARGS, ARGV[at])
+    with_summary, describing, budget, stride = struct.unpack(WALK_ARGS, ARGV[at])
   text, keep_first, change = text == 1, keep_first == 1, change == 1
   english, copies = english == 1, copies == 1
   with_summary, describing = with_summary == 1, describing == 1
@@ -279,7 +284,7 @@ local function walk(at, before, count, now, known, unpending)
   -- The unsummarized turns, when this call ends the walk: below what it
   -- returns. A walk that hands turns over describes them as if the caller
   -- takes every one (its caller asks unsummarized.lua when it does not).
-  local unsummarized = 'later'
+  local unsummarized, dropped = 'later', 0
   if describing and not status and after <= covered then
     -- Every turn above `after` was taken, and none lies between what the
     -- summary covers and `after`: nothing is left unsummarized (a
@@ -291,7 +296,18 @@ local function walk(at, before, count, now, known, unpending)
     local above = run_sum
     -- Nothing finalized lies at or above a start's own seq.
     if upper_seq and upper_seq ~= before then above = above + sum_inner(upper_seq, LIVE, english) end
+    -- A stable window that the budget stopped shows the run from the
+    -- first boundary at or above its oldest turn, when a turn reaches it.
+    local newest = 1
+    if has_first then newest = 2 end
+    if stride > 0 and status == 'stop' and last_m and n >= newest then
+      local boundary = math.floor((below - 1 + stride - 1) / stride) * stride + 1
+      if below < boundary and tonumber(redis.call('ZSCORE', KEYS[3], taken[newest])) >= boundary then
+        dropped = redis.call('ZCOUNT', KEYS[3], below, '(' .. boundary)
+        below, above = boundary, nil
+      end
+    end
     unsummarized = describe(covered, below, first_seq, enc, english, above, now, unpending)
   end
-  return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized}
+  return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized, dropped}
 end
