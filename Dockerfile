@@ -23,6 +23,8 @@ RUN mkdir -p src benches \
 # wants its file).
 COPY src ./src
 COPY migrations ./migrations
+# The lens page's files, built into the binary (src/http/lens.rs).
+COPY lens/index.html lens/lens.js lens/lens.css lens/redact.js ./lens/
 COPY benches ./benches
 # Make cargo see the real sources as newer than the stub build.
 RUN touch src/main.rs src/lib.rs \

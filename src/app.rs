@@ -94,6 +94,7 @@ impl Application {
             max_connections,
         };
         let summarizer = summarizer(&settings, &store, &metrics)?;
+        let lens = crate::http::lens::Page::load(&settings)?;
         let state = AppState::new(
             store,
             settings,
@@ -101,7 +102,7 @@ impl Application {
             metrics.clone(),
             templates,
             (models, tokenizers),
-            summarizer,
+            (summarizer, lens),
         );
         let router = router(state);
         Ok(Application {

@@ -1,4 +1,5 @@
-//! The command line: `turnstore [serve]` and `turnstore openapi`.
+//! The command line: `turnstore [serve]`, `turnstore openapi`, `migrate`,
+//! `healthcheck` and `redact`.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
@@ -35,6 +36,13 @@ enum Command {
     /// Bring the Redis data to this build's layout (see migrations/);
     /// resumable, and a no-op when it is current.
     Migrate(Box<Settings>),
+    /// Mask secrets in standard input (the lens's rules: the built-in ones
+    /// and `TURNSTORE_REDACT_PATTERNS`'), to standard output; `masked N`
+    /// on standard error.
+    Redact {
+        #[arg(long, env = "TURNSTORE_REDACT_PATTERNS")]
+        redact_patterns: Option<std::path::PathBuf>,
+    },
     /// Exit 0 if the server on the listen address answers `/healthz` with
     /// 200 (for container health checks, without curl in the image).
     Healthcheck {
@@ -57,10 +65,37 @@ pub fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Some(Command::Redact { redact_patterns }) => redact(redact_patterns.as_deref()),
         Some(Command::Serve(settings)) => serve(*settings),
         Some(Command::Migrate(settings)) => migrate(*settings),
         None => serve(cli.serve),
     }
+}
+
+fn redact(rules: Option<&std::path::Path>) -> ExitCode {
+    let redactor = match crate::redact::Redactor::load(rules) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot load the redaction rules: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut text = String::new();
+    if let Err(e) = std::io::stdin().read_to_string(&mut text) {
+        eprintln!("cannot read standard input (UTF-8 text): {e}");
+        return ExitCode::FAILURE;
+    }
+    let out = redactor.redact(&text);
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(out.text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        return ExitCode::FAILURE;
+    }
+    eprintln!("masked {}", out.masked);
+    ExitCode::SUCCESS
 }
 
 fn serve(settings: Settings) -> ExitCode {

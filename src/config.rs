@@ -258,6 +258,25 @@ pub struct Settings {
     /// per serving thread (each thread then uses its own).
     #[arg(long, env = "TURNSTORE_REDIS_POOL_SIZE", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
     pub redis_pool_size: u32,
+
+    /// The lens, an inspector page at `/lens`: `off`, `redacted` (secrets
+    /// masked before anything is shown) or `full` (texts as stored). It
+    /// reads through the public API, with the API's keys.
+    #[arg(long, env = "TURNSTORE_LENS", value_enum, default_value_t = LensMode::Off)]
+    pub lens: LensMode,
+
+    /// More redaction rules, a file of `name = pattern` lines (`#`
+    /// comments), applied after the built-in ones (see `redact.rs`).
+    #[arg(long, env = "TURNSTORE_REDACT_PATTERNS")]
+    pub redact_patterns: Option<PathBuf>,
+}
+
+/// Whether and how the lens page is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LensMode {
+    Off,
+    Redacted,
+    Full,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

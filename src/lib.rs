@@ -25,6 +25,7 @@ pub mod domain;
 pub mod history;
 pub mod http;
 pub mod metrics;
+pub mod redact;
 pub mod server;
 pub mod store;
 pub mod summarizer;

@@ -8,6 +8,7 @@ mod exports;
 mod extract;
 mod history;
 mod imports;
+pub mod lens;
 mod ops;
 mod reading;
 mod sessions;
@@ -71,6 +72,8 @@ pub struct Shared {
     pub tokenizers: Arc<Tokenizers>,
     /// The server-side summarizer, when configured.
     pub summarizer: Option<Arc<Summarizer>>,
+    /// The lens page, when `TURNSTORE_LENS` serves it.
+    pub lens: Option<Arc<lens::Page>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -89,7 +92,7 @@ impl AppState {
         metrics: Arc<Metrics>,
         templates: Templates,
         (models, tokenizers): (Models, Tokenizers),
-        summarizer: Option<Arc<Summarizer>>,
+        (summarizer, lens): (Option<Arc<Summarizer>>, Option<lens::Page>),
     ) -> Self {
         let api_key_digests = api_keys.iter().map(|k| digest(k.as_bytes())).collect();
         AppState(Arc::new(Shared {
@@ -103,6 +106,7 @@ impl AppState {
             models: Arc::new(models),
             tokenizers: Arc::new(tokenizers),
             summarizer,
+            lens: lens.map(Arc::new),
         }))
     }
 }
@@ -170,6 +174,7 @@ pub fn router(state: AppState) -> Router {
             openapi(&state.settings, !state.api_key_digests.is_empty()),
             state.tokenizers.names(),
         )))
+        .merge(lens::router(state.lens.clone()))
         .fallback(|| async { ApiError::from(ProblemCode::NotFound) })
         .method_not_allowed_fallback(|| async { ApiError::from(ProblemCode::MethodNotAllowed) })
         .layer(DefaultBodyLimit::max(body_limit))

@@ -50,6 +50,7 @@ mod chat;
 mod cors;
 mod edge;
 mod imports;
+mod lens;
 mod model;
 mod model_table;
 mod outages;
