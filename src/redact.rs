@@ -153,12 +153,7 @@ impl Redactor {
 
 impl Rule {
     fn compile(spec: RuleSpec) -> Result<Rule, String> {
-        if spec.name.is_empty()
-            || !spec
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
+        if !is_rule_name(&spec.name) {
             return Err(format!(
                 "rule name {:?}: letters, digits, _ and - only",
                 spec.name
@@ -229,12 +224,15 @@ impl Rule {
 fn is_mask(text: &str) -> bool {
     text.strip_prefix("[redacted:")
         .and_then(|rest| rest.strip_suffix(']'))
-        .is_some_and(|name| {
-            !name.is_empty()
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        })
+        .is_some_and(is_rule_name)
+}
+
+/// A rule's name, as its mask holds it: letters, digits, `_` and `-`.
+fn is_rule_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// Whether every `(?` in `pattern` opens a `(?<name>` or `(?:` group.

@@ -162,31 +162,47 @@ pub fn cut(
     }
 }
 
-/// A stable window's part of `cut` (see `window.rs`): it leaves out the
-/// oldest of the newest turns taken, and the rest is counted again by
-/// `count`. `stopped`: the selection `uncut` is had left turns out before
-/// the cut. Returns the cut and how many turns the window left out.
+/// A cut, after a stable window's part of it (see `window.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Narrowed {
+    pub cut: Cut,
+    /// The budget left offers out (before the window).
+    pub trimmed: bool,
+    /// Turns the window left out.
+    pub left_out: usize,
+}
+
+/// `cut` with the oldest of its newest turns that `window` leaves out
+/// taken off, the rest counted again by `count`. `stopped`: the selection
+/// `uncut` is had left turns out before the cut.
 pub fn narrow(
     uncut: &Uncut<'_>,
     cut: Cut,
-    window: Window,
-    stopped: bool,
+    (window, stopped): (Window, bool),
     count: impl FnOnce(Taken) -> u32,
-) -> (Cut, usize) {
+) -> Narrowed {
     let t = cut.taken;
     let len = uncut.turns.len();
-    let stopped = stopped || t.offers() < uncut.offers();
+    let trimmed = t.offers() < uncut.offers();
     let run = (len - t.newest..len).map(|i| uncut.turns[i].turn.seq);
-    let drops = window.drops(run, stopped);
-    if drops == 0 {
-        return (cut, 0);
+    let left_out = window.drops(run, stopped || trimmed);
+    if left_out == 0 {
+        return Narrowed {
+            cut,
+            trimmed,
+            left_out,
+        };
     }
     let taken = Taken {
-        newest: t.newest - drops,
+        newest: t.newest - left_out,
         ..t
     };
     let token_count = count(taken);
-    (Cut { taken, token_count }, drops)
+    Narrowed {
+        cut: Cut { taken, token_count },
+        trimmed,
+        left_out,
+    }
 }
 
 /// The count of what `uncut` renders in `format` when `taken`, counted

@@ -4,7 +4,7 @@
 use std::cell::{Cell, RefCell};
 
 use super::error::ApiError;
-use crate::history::exact::{self, Cut, Sums, Taken, Uncut};
+use crate::history::exact::{self, Cut, Narrowed, Sums, Taken, Uncut};
 use crate::history::template::{ChatTemplate, TemplateError, max_rendering_bytes};
 use crate::history::{Options, Role, Selection, StoppedBy, Window, chat_system};
 use crate::store::{StoredHistory, Unsummarized};
@@ -127,23 +127,23 @@ impl Reading {
         let part = |pieces: &[&str], after| tokenizer.count_part(pieces, after, count);
         let mut prompt = None;
         let window = (self.window, stored.selection.stopped_by.is_some());
-        let (cut, trimmed, left_out) = if let Some(chat) = &self.chat {
+        let Narrowed {
+            cut,
+            trimmed,
+            left_out,
+        } = if let Some(chat) = &self.chat {
             let limits = (max_tokens, max_bytes);
-            let Some((cut, p, trimmed, left_out)) =
-                chat.cut(tokenizer, &uncut, limits, window, count)?
-            else {
+            let Some((narrowed, p)) = chat.cut(tokenizer, &uncut, limits, window, count)? else {
                 return Ok(false);
             };
             prompt = p;
-            (cut, trimmed, left_out)
+            narrowed
         } else if tokenizer.adds_up_in(format) {
             let Some(sums) = Sums::of(&uncut, format, part) else {
                 return Ok(false);
             };
             let cut = exact::cut(&uncut, max_tokens, None, |taken| sums.count(taken));
-            let trimmed = cut.taken.offers() < uncut.offers();
-            let (cut, left_out) = exact::narrow(&uncut, cut, window.0, window.1, |t| sums.count(t));
-            (cut, trimmed, left_out)
+            exact::narrow(&uncut, cut, window, |t| sums.count(t))
         } else if count {
             // Sums of parts (kept) are near for such a tokenizer: where
             // they cut, the whole counts begin.
@@ -154,9 +154,7 @@ impl Reading {
             });
             let whole = |taken| exact::whole(&uncut, format, taken, |text| tokenizer.count(text));
             let cut = exact::cut(&uncut, max_tokens, guess, whole);
-            let trimmed = cut.taken.offers() < uncut.offers();
-            let (cut, left_out) = exact::narrow(&uncut, cut, window.0, window.1, whole);
-            (cut, trimmed, left_out)
+            exact::narrow(&uncut, cut, window, whole)
         } else {
             return Ok(false);
         };
@@ -206,17 +204,17 @@ impl Reading {
 
 impl Chat {
     /// [`Reading::cut`] through `tokenizer`'s chat template: the longest
-    /// run of `uncut`'s offers whose prompt counts at most `max_tokens`,
-    /// and the prompt when asked for. `None` when a count it needs is not
+    /// run of `uncut`'s offers whose prompt counts at most `max_tokens`
+    /// (narrowed by the read's `window`), and the prompt when asked for. `None` when a count it needs is not
     /// kept and it may not `count`.
     fn cut(
         &self,
         tokenizer: &LoadedTokenizer,
         uncut: &Uncut<'_>,
         (max_tokens, max_bytes): (u32, u64),
-        (window, stopped): (Window, bool),
+        window: (Window, bool),
         count: bool,
-    ) -> Result<Option<ChatCut>, ApiError> {
+    ) -> Result<Option<(Narrowed, Option<String>)>, ApiError> {
         // A long prompt is rendered and counted apart, even when every
         // piece's count is kept: its rendering takes time.
         if !count && uncut.offer_bytes().sum::<usize>() > INLINE_PROMPT_BYTES {
@@ -317,8 +315,8 @@ impl Chat {
         if cut.taken.offers() == 0 {
             cut.token_count = counted(cut.taken);
         }
-        let trimmed = cut.taken.offers() < uncut.offers();
-        let (cut, left_out) = exact::narrow(uncut, cut, window, stopped, counted);
+        let narrowed = exact::narrow(uncut, cut, window, counted);
+        let cut = narrowed.cut;
         if let Some(e) = failed.into_inner() {
             return Err(template_failed(e));
         }
@@ -339,13 +337,9 @@ impl Chat {
             _ if self.prompt => Some(render(cut.taken).map_err(template_failed)?),
             _ => None,
         };
-        Ok(Some((cut, prompt, trimmed, left_out)))
+        Ok(Some((narrowed, prompt)))
     }
 }
-
-/// A chat template's cut: the cut, the prompt when asked for, whether the
-/// budget left offers out, and how many turns the window left out.
-type ChatCut = (Cut, Option<String>, bool, usize);
 
 /// A chat template's failure on a read's conversation: a 422.
 fn template_failed(e: TemplateError) -> ApiError {

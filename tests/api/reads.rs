@@ -284,14 +284,10 @@ async fn reads_cross_the_walks_pages(backend: Backend) {
 
 /// Bytes Redis sent its clients so far (all nodes).
 fn sent(app: &TestApp) -> u64 {
-    app.on_every_redis(&["INFO", "stats"])
-        .iter()
-        .flat_map(|info| info.lines().map(str::to_owned).collect::<Vec<_>>())
-        .filter_map(|l| {
-            l.strip_prefix("total_net_output_bytes:")
-                .map(|n| n.trim().parse::<u64>().unwrap())
-        })
-        .sum()
+    app.redis_info_sum("stats", |l| {
+        l.strip_prefix("total_net_output_bytes:")
+            .map(|n| n.trim().parse::<u64>().unwrap())
+    })
 }
 
 async fn a_read_loads_only_what_it_returns(backend: Backend) {

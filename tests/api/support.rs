@@ -283,6 +283,15 @@ impl TestApp {
         single.chain(cluster).collect()
     }
 
+    /// The sum, over every line of `INFO <section>` of every Redis node,
+    /// of what `value` reads in a line (lines it reads nothing in add 0).
+    pub fn redis_info_sum(&self, section: &str, value: impl Fn(&str) -> Option<u64>) -> u64 {
+        self.on_every_redis(&["INFO", section])
+            .iter()
+            .flat_map(|info| info.lines().filter_map(&value).collect::<Vec<_>>())
+            .sum()
+    }
+
     pub async fn erase_user(&self, user: &str) -> Response {
         self.http
             .delete(self.url(&format!("/v1/users/{user}")))

@@ -373,24 +373,20 @@ async fn window_and_cache_control_are_validated(backend: Backend) {
 /// Scripts Redis ran for its clients so far (all nodes): a read's round
 /// trips.
 fn commands(app: &TestApp) -> u64 {
-    app.on_every_redis(&["INFO", "commandstats"])
-        .iter()
-        .flat_map(|info| info.lines().map(str::to_owned).collect::<Vec<_>>())
-        .filter(|l| {
-            [
-                "cmdstat_evalsha:",
-                "cmdstat_eval:",
-                "cmdstat_fcall:",
-                "cmdstat_fcall_ro:",
-            ]
-            .iter()
-            .any(|p| l.starts_with(p))
-        })
-        .map(|l| {
-            let calls = l.split("calls=").nth(1).unwrap().split(',').next().unwrap();
+    let scripts = ["evalsha", "eval", "fcall", "fcall_ro"];
+    app.redis_info_sum("commandstats", |l| {
+        let (name, stats) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+        scripts.contains(&name).then(|| {
+            let calls = stats
+                .split("calls=")
+                .nth(1)
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap();
             calls.parse::<u64>().unwrap()
         })
-        .sum()
+    })
 }
 
 async fn a_stable_read_makes_the_calls_a_sliding_one_does(backend: Backend) {
