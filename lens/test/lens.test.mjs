@@ -310,6 +310,31 @@ for (const store of ["memory", "redis"]) {
       assert.deepEqual(problems, []);
       await page.close();
     });
+
+    test("the worst texts the limits allow: a session of them opens, masked", async () => {
+      // Maximal questions and answers, each one long run of a rule's first
+      // characters: RegExp's backtracking took 15 to 22 s a text on these.
+      const fill = (size, unit, tail = "") => unit.repeat(Math.floor((size - tail.length) / unit.length)) + tail;
+      const shapes = [fill(131072, "a", "@example.com"), fill(131072, "1a"), fill(131072, "eyJ-"), `x@${fill(131070, "b.")}`];
+      const answers = [...shapes, ...shapes];
+      const worst = `worst-${store}`;
+      for (const answer of answers) await api.turn(worst, "worst", fill(32768, "a"), answer);
+
+      const { page, problems } = await recordingPage(browser);
+      await page.goto(`${server.baseUrl}/lens/`, { waitUntil: "networkidle0" });
+      await logIn(page);
+      await page.type("#open-id", worst);
+      await page.click('#open-form button[type="submit"]');
+      await page.waitForFunction(() => document.querySelectorAll("#turns li").length === 8, { timeout: 20_000 });
+      const shown = await page.$$eval("#turns li .text.a:not(.en) span", (items) => items.map((e) => e.textContent));
+      assert.deepEqual(
+        shown.map((text) => (text.length > 131000 ? "long" : text)),
+        ["[redacted:email]", "long", "long", "long", "[redacted:email]", "long", "long", "long"],
+      );
+      assert.ok((await badge(page)) >= 1);
+      assert.deepEqual(problems, []);
+      await page.close();
+    });
   });
 }
 

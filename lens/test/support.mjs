@@ -55,6 +55,16 @@ export async function startRedis() {
   }
 }
 
+/** A seeded PRNG (mulberry32), so that a failure can be replayed. */
+export function random(seed) {
+  return () => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
 /** Runs `turnstore redact` on `text`: {text, count}. */
 export function runRedact(text, env = {}) {
   return new Promise((resolve, reject) => {
