@@ -314,6 +314,40 @@ async fn reads(base: &str, url: &str, turns: usize) -> Result<(), Fail> {
             probe.await.unwrap_or(f64::NAN)
         );
     }
+    // A fork of the whole session: copied a megabyte a call, then made the
+    // new session at once; retried with its key past the request timeout.
+    reset_slowlog(&mut redis);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ping = pinger(url, stop.clone());
+    let probe = prober(base, stop.clone());
+    let fork = format!("{session}-fork");
+    let t = Instant::now();
+    let mut tries = 0;
+    let (status, made) = loop {
+        tries += 1;
+        let res = http
+            .post(format!("{base}/v1/sessions/{session}/fork"))
+            .header("idempotency-key", "bench-fork")
+            .json(&json!({"new_session_id": fork}))
+            .send()
+            .await?;
+        let status = res.status().as_u16();
+        if (status != 503 && status != 409) || tries >= 20 {
+            break (status, res.json::<Value>().await.unwrap_or_default());
+        }
+    };
+    stop.store(true, Ordering::Relaxed);
+    println!(
+        "fork of the session               status={status} time_ms={:.1} tries={tries} copied_turns={} redis_slowest_ms={} ping_worst_ms={:.2} probe_worst_ms={:.2}",
+        t.elapsed().as_secs_f64() * 1000.0,
+        made["copied_turns"],
+        slowest(&mut redis),
+        ping.join().unwrap_or(f64::NAN),
+        probe.await.unwrap_or(f64::NAN)
+    );
+    http.delete(format!("{base}/v1/sessions/{fork}"))
+        .send()
+        .await?;
     Ok(())
 }
 

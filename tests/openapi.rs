@@ -3,7 +3,7 @@
 //! (`scripts/check-openapi` validates it, checks every example against its
 //! schema and generates a Python client from it.)
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use turnstore::tokens::Encoding;
 use turnstore::{Application, Settings};
 
@@ -52,13 +52,17 @@ async fn served_spec_states_this_servers_bounds_and_defaults() {
         ("FinalizeTurnRequest", "final_answer", 5000),
         ("FinalizeTurnRequest", "final_answer_en", 5000),
         ("PutSummaryRequest", "summary", 700),
-        ("ImportMessage", "content", 5000),
     ] {
         assert_eq!(
             schemas[schema]["properties"][field]["maxLength"], bound,
             "{schema}.{field}"
         );
     }
+    // An imported message's content, when a string (a question or an answer).
+    assert_eq!(
+        schemas["TranscriptContent"]["oneOf"][0]["maxLength"], 5000,
+        "TranscriptContent"
+    );
     for schema in ["StartTurnRequest", "ImportRequest", "PutSummaryRequest"] {
         let user = &schemas[schema]["properties"]["user_id"];
         assert_eq!(user["maxLength"], 128, "{schema}");
@@ -114,7 +118,7 @@ async fn served_spec_requires_the_key_only_when_the_server_has_keys() {
         }
         assert!(without.get("security").is_none(), "{path}");
     }
-    assert_eq!(v1, 13);
+    assert_eq!(v1, 15);
 }
 
 /// The shapes code generators run with their defaults trip on (see
@@ -130,9 +134,13 @@ fn spec_suits_generators_defaults() {
         content.keys().collect::<Vec<_>>(),
         ["application/x-ndjson", "application/octet-stream"]
     );
+    // A line: a session with its turns, or (`format=messages`) a transcript.
     assert_eq!(
-        content["application/x-ndjson"]["schema"]["$ref"],
-        "#/components/schemas/ExportedSession"
+        content["application/x-ndjson"]["schema"]["oneOf"],
+        json!([
+            {"$ref": "#/components/schemas/ExportedSession"},
+            {"$ref": "#/components/schemas/ExportedTranscript"}
+        ])
     );
     let bytes = &content["application/octet-stream"]["schema"];
     assert_eq!(bytes["format"], "binary");
@@ -182,6 +190,7 @@ fn spec_names_every_operation() {
             "erase_user",
             "export",
             "finalize_turn",
+            "fork",
             "get_history",
             "get_session",
             "get_summary",
@@ -190,6 +199,7 @@ fn spec_names_every_operation() {
             "list_user_sessions",
             "put_summary",
             "readyz",
+            "regenerate_turn",
             "start_turn",
         ]
     );

@@ -1,5 +1,6 @@
 //! Validated values. A request becomes these at the edge; inside, nothing re-validates.
 
+pub mod distill;
 mod ids;
 mod text;
 

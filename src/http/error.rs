@@ -49,10 +49,13 @@ pub enum ProblemCode {
     TemplateError,
     TooManyExports,
     UnknownModel,
+    TurnPending,
+    TurnSummarized,
+    SessionExists,
 }
 
 impl ProblemCode {
-    pub const ALL: [ProblemCode; 22] = [
+    pub const ALL: [ProblemCode; 25] = [
         ProblemCode::ValidationFailed,
         ProblemCode::PayloadTooLarge,
         ProblemCode::Unauthorized,
@@ -75,6 +78,9 @@ impl ProblemCode {
         ProblemCode::TemplateError,
         ProblemCode::TooManyExports,
         ProblemCode::UnknownModel,
+        ProblemCode::TurnPending,
+        ProblemCode::TurnSummarized,
+        ProblemCode::SessionExists,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +108,9 @@ impl ProblemCode {
             TemplateError => "template_error",
             TooManyExports => "too_many_exports",
             UnknownModel => "unknown_model",
+            TurnPending => "turn_pending",
+            TurnSummarized => "turn_summarized",
+            SessionExists => "session_exists",
         }
     }
 
@@ -219,6 +228,21 @@ impl ProblemCode {
                 "Unknown model",
                 "the model is in no model table and this server refuses such models (TURNSTORE_UNKNOWN_MODEL=reject): send `encoding`, or add the model to the file TURNSTORE_MODELS names; nothing was written",
             ),
+            TurnPending => (
+                StatusCode::CONFLICT,
+                "Turn pending",
+                "the turn has no answer yet: finalize it (a regenerate replaces a finalized turn's answer); nothing was written",
+            ),
+            TurnSummarized => (
+                StatusCode::CONFLICT,
+                "Turn summarized",
+                "the session's summary covers this turn, so its answer is part of the summary: delete the summary (or write one that covers less) first; nothing was written",
+            ),
+            SessionExists => (
+                StatusCode::CONFLICT,
+                "Session exists",
+                "a live session has the id a fork would make: choose another (or clear that one); nothing was written",
+            ),
         }
     }
 
@@ -251,6 +275,11 @@ pub enum ApiError {
     Template(String),
     /// 422 `unknown_model`, naming the model.
     UnknownModel(String),
+    /// 409 `turn_summarized`, saying what the summary covers.
+    TurnSummarized { through: u64 },
+    /// 409 `session_exists`: a fork's new id is taken, or (with
+    /// `Retry-After`) another fork into it is under way.
+    SessionExists { busy: Option<std::time::Duration> },
     /// Any other problem, with its code's own detail.
     Code(ProblemCode),
 }
@@ -303,6 +332,8 @@ impl ApiError {
             }
             ApiError::Template(_) => ProblemCode::TemplateError,
             ApiError::UnknownModel(_) => ProblemCode::UnknownModel,
+            ApiError::TurnSummarized { .. } => ProblemCode::TurnSummarized,
+            ApiError::SessionExists { .. } => ProblemCode::SessionExists,
             ApiError::Code(code) => *code,
         }
     }
@@ -335,6 +366,21 @@ impl ApiError {
                 ),
                 None,
             ),
+            ApiError::TurnSummarized { through } => (
+                format!(
+                    "the session's summary covers through seq {through}, this turn included: \
+                     delete the summary (or write one that covers less) first; nothing was written"
+                ),
+                None,
+            ),
+            ApiError::SessionExists { busy: Some(_) } => (
+                "another fork into this session id is under way; retry after Retry-After \
+                 seconds (with the same Idempotency-Key, a retry completes an attempt \
+                 that stopped); nothing was written"
+                    .to_owned(),
+                None,
+            ),
+            ApiError::SessionExists { busy: None } => (detail.to_owned(), None),
             ApiError::SessionReplaced => (
                 "the session is not the generation this write expected: it was cleared, \
                  erased or expired since it was read (and may have been started again); \
@@ -367,9 +413,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let retry_after = match &self {
             ApiError::TooManyPendingTurns { retry_after }
-            | ApiError::TooManyExports { retry_after } => {
-                Some(retry_after.as_millis().div_ceil(1000).max(1) as u64)
-            }
+            | ApiError::TooManyExports { retry_after }
+            | ApiError::SessionExists {
+                busy: Some(retry_after),
+            } => Some(retry_after.as_millis().div_ceil(1000).max(1) as u64),
             _ => None,
         };
         let problem = self.problem();
@@ -395,6 +442,23 @@ impl From<StoreError> for ApiError {
             StoreError::OwnerMismatch => ProblemCode::SessionOwnerMismatch.into(),
             StoreError::IdempotencyKeyReused => ProblemCode::IdempotencyKeyReused.into(),
             StoreError::TurnNotFound => ProblemCode::TurnNotFound.into(),
+            StoreError::TurnPending => ProblemCode::TurnPending.into(),
+            StoreError::SessionNotFound => ProblemCode::SessionNotFound.into(),
+            StoreError::SessionExists { busy } => ApiError::SessionExists { busy },
+            StoreError::ForkBeyond { newest } => ApiError::field(
+                "through_seq",
+                format!("must be at most the newest finalized seq ({newest})"),
+            ),
+            StoreError::ForkEmpty { oldest } => ApiError::field(
+                "through_seq",
+                match oldest {
+                    0 => "the session has no finalized turn to fork".to_owned(),
+                    _ => format!(
+                        "must be at least the oldest finalized seq ({oldest}): a fork copies a turn at least"
+                    ),
+                },
+            ),
+            StoreError::TurnSummarized { through } => ApiError::TurnSummarized { through },
             StoreError::TooManyPendingTurns { retry_after } => {
                 ApiError::TooManyPendingTurns { retry_after }
             }

@@ -18,20 +18,20 @@ use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::NoQuery;
+use super::extract::QueryParams;
 use super::history::{Summary, Turn};
 use super::users::UserPath;
 use super::valid::AllValid;
 use crate::domain::{SessionId, UserId};
 use crate::store::{Store, StoreError};
 use crate::tokens::Counting;
-use crate::turn::{now_millis, rfc3339};
+use crate::turn::{TurnView, now_millis, rfc3339};
 
 /// Sessions listed a call.
 const SESSIONS_PAGE: usize = 100;
@@ -75,6 +75,65 @@ pub struct ExportedSession {
     pub turns: Vec<Turn>,
 }
 
+/// How each session's turns are written.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportFormat {
+    /// `"turns"`: each turn whole (seq, ids, texts, English copies, times).
+    #[default]
+    Turns,
+    /// `"messages"`: a chat transcript, a user and an assistant message a
+    /// turn with their times (what a distilled import reads back).
+    Messages,
+}
+
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExportParams {
+    /// `turns` (the default) or `messages`: each session's turns as
+    /// `turns`, or as a transcript in `messages` (`{"role": "user" |
+    /// "assistant", "content", "timestamp"}`: the question at its
+    /// `started_at`, the answer at its `finalized_at`).
+    #[param(inline)]
+    format: Option<ExportFormat>,
+}
+
+/// One line of a `format=messages` export: a session and its turns as a
+/// chat transcript, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExportedTranscript {
+    #[schema(value_type = SessionId)]
+    pub session_id: String,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    #[schema(format = DateTime)]
+    pub last_active_at: String,
+    /// The session's summary, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub summary: Option<Summary>,
+    /// Two a finalized turn: its question, then its answer.
+    pub messages: Vec<ExportedMessage>,
+}
+
+/// A message of an exported transcript.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExportedMessage {
+    pub role: ExportedRole,
+    pub content: String,
+    /// The turn's `started_at` (a question) or `finalized_at` (an answer).
+    #[schema(format = DateTime)]
+    pub timestamp: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ExportedRole {
+    User,
+    Assistant,
+}
+
 /// Export a user's sessions
 ///
 /// Every live session of the user, one JSON object per line
@@ -88,18 +147,19 @@ pub struct ExportedSession {
     get,
     path = "/v1/users/{user_id}/export",
     tag = "import-export",
-    params(UserPath),
+    params(UserPath, ExportParams),
     responses(
-        (status = 200, description = "The user's sessions, one per line", body = ExportedSession,
-         content_type = "application/x-ndjson"),
+        (status = 200, description = "The user's sessions, one per line: an `ExportedSession` each, or with `format=messages` an `ExportedTranscript`",
+         body = ExportedSession, content_type = "application/x-ndjson"),
     ),
 )]
 pub async fn export(
     State(app): State<AppState>,
     path: UserPath,
-    _: NoQuery,
+    QueryParams(params): QueryParams<ExportParams>,
 ) -> Result<Response, ApiError> {
     let (user,) = (path.user_id(),).all()?;
+    let format = params.format.unwrap_or_default();
     // The stream outlives the handler: it holds a place among the exports.
     let permit = app
         .exports
@@ -113,7 +173,7 @@ pub async fn export(
     let store = app.store.clone();
     let encoding = app.settings.encoding;
     tokio::spawn(async move {
-        let work = write_sessions(&*store, &user, encoding, &tx, permit);
+        let work = write_sessions(&*store, &user, encoding, format, &tx, permit);
         let failed = match tokio::time::timeout(deadline, work).await {
             Ok(Ok(())) => return,
             Ok(Err(Stop::Gone)) => return,
@@ -165,6 +225,7 @@ async fn write_sessions(
     store: &dyn Store,
     user: &UserId,
     encoding: crate::tokens::Encoding,
+    format: ExportFormat,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
     _permit: OwnedSemaphorePermit,
 ) -> Result<(), Stop> {
@@ -175,7 +236,7 @@ async fn write_sessions(
             .await?;
         for s in &page.sessions {
             if let Ok(session) = SessionId::parse(s.session_id.as_str()) {
-                write_session(store, &session, encoding, tx).await?;
+                write_session(store, &session, encoding, format, tx).await?;
             }
         }
         match page.next_cursor {
@@ -190,6 +251,7 @@ async fn write_session(
     store: &dyn Store,
     session: &SessionId,
     encoding: crate::tokens::Encoding,
+    format: ExportFormat,
     tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) -> Result<(), Stop> {
     // A session gone since it was listed is left out.
@@ -200,15 +262,29 @@ async fn write_session(
         .summary(session)
         .await?
         .map(|s| Summary::of(&s, &Counting::Builtin(encoding)));
-    let head = ExportedSession {
-        session_id: session.to_string(),
-        created_at: rfc3339(info.created_at),
-        last_active_at: rfc3339(info.last_active_at),
-        summary,
-        turns: Vec::new(),
-    };
+    let (session_id, created_at, last_active_at) = (
+        session.to_string(),
+        rfc3339(info.created_at),
+        rfc3339(info.last_active_at),
+    );
     // `{…,"turns":[]}` without its last two characters.
-    let mut chunk = serde_json::to_vec(&head).unwrap_or_default();
+    let mut chunk = match format {
+        ExportFormat::Turns => serde_json::to_vec(&ExportedSession {
+            session_id,
+            created_at,
+            last_active_at,
+            summary,
+            turns: Vec::new(),
+        }),
+        ExportFormat::Messages => serde_json::to_vec(&ExportedTranscript {
+            session_id,
+            created_at,
+            last_active_at,
+            summary,
+            messages: Vec::new(),
+        }),
+    }
+    .unwrap_or_default();
     chunk.truncate(chunk.len().saturating_sub(2));
     let mut after = 0;
     let mut first = true;
@@ -223,8 +299,7 @@ async fn write_session(
                 chunk.push(b',');
             }
             first = false;
-            let turn = Turn::from(t);
-            serde_json::to_writer(&mut chunk, &turn)
+            write_turn(&mut chunk, t, format)
                 .map_err(|e| Stop::Store(StoreError::Corrupt(e.to_string())))?;
             if chunk.len() >= CHUNK_BYTES {
                 send(tx, std::mem::take(&mut chunk)).await?;
@@ -233,4 +308,26 @@ async fn write_session(
     }
     chunk.extend_from_slice(b"]}\n");
     send(tx, chunk).await
+}
+
+/// A turn as `format` writes it: a `Turn`, or its two messages.
+fn write_turn(chunk: &mut Vec<u8>, t: TurnView, format: ExportFormat) -> serde_json::Result<()> {
+    match format {
+        ExportFormat::Turns => serde_json::to_writer(chunk, &Turn::from(t)),
+        ExportFormat::Messages => {
+            let question = ExportedMessage {
+                role: ExportedRole::User,
+                content: t.user_query,
+                timestamp: rfc3339(t.started_at),
+            };
+            serde_json::to_writer(&mut *chunk, &question)?;
+            chunk.push(b',');
+            let answer = ExportedMessage {
+                role: ExportedRole::Assistant,
+                content: t.final_answer,
+                timestamp: rfc3339(t.finalized_at),
+            };
+            serde_json::to_writer(chunk, &answer)
+        }
+    }
 }

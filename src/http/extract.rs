@@ -37,6 +37,23 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A part of a body read as JSON first (`at` its field), deserialized as
+/// the body would have been: errors name the field below `at`.
+pub fn from_value_at<T: DeserializeOwned>(
+    at: &str,
+    value: serde_json::Value,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let below = e.path().to_string();
+        let path = match below.as_str() {
+            "." | "" | "?" => at.to_owned(),
+            b if b.starts_with('[') => format!("{at}{b}"),
+            b => format!("{at}.{b}"),
+        };
+        invalid(path, &e.inner().to_string())
+    })
+}
+
 /// Query parameters.
 pub struct QueryParams<T>(pub T);
 

@@ -6,7 +6,9 @@ mod docs;
 pub mod error;
 mod exports;
 mod extract;
+mod forks;
 mod history;
+mod idempotency;
 mod imports;
 pub mod lens;
 mod ops;
@@ -121,6 +123,8 @@ fn routes() -> (Router<AppState>, Router<AppState>, utoipa::openapi::OpenApi) {
     let (v1, mut doc) = OpenApiRouter::with_openapi(spec::ApiDoc::openapi())
         .routes(routes!(turns::start_turn))
         .routes(routes!(turns::finalize_turn))
+        .routes(routes!(turns::regenerate_turn))
+        .routes(routes!(forks::fork))
         .routes(routes!(turns::abort_turn))
         .routes(routes!(history::get_history))
         .routes(routes!(sessions::get_session, sessions::clear_session))
@@ -229,12 +233,12 @@ fn cors(origins: &[HeaderValue]) -> Option<CorsLayer> {
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 header::ACCEPT,
-                header(turns::IDEMPOTENCY_KEY),
+                header(idempotency::IDEMPOTENCY_KEY),
                 header("x-request-id"),
             ])
             .expose_headers([
                 header("x-request-id"),
-                header(turns::IDEMPOTENT_REPLAYED),
+                header(idempotency::IDEMPOTENT_REPLAYED),
                 header::RETRY_AFTER,
                 header("x-token-count"),
                 header("x-encoding"),

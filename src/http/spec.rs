@@ -29,7 +29,7 @@ use crate::domain::{IDENTIFIER_PATTERN, IdempotencyKey, SessionId, TextError, Tu
         (url = "/", description = "The server this document is served from"),
         (url = "http://127.0.0.1:8080", description = "A local turnstore (`cargo run --release`)"),
     ),
-    components(schemas(IdempotencyKey)),
+    components(schemas(IdempotencyKey, super::exports::ExportedTranscript)),
     modifiers(&BearerAuth),
     tags(
         (name = "turns", description = "A RAG request's two calls: start a turn with the user's question (getting the history for the prompt), then finalize it with the answer, or abort it when the pipeline fails."),
@@ -145,7 +145,25 @@ const OPERATIONS: &[(&str, &[ProblemCode])] = &[
             ProblemCode::PayloadTooLarge,
         ],
     ),
+    (
+        "regenerate_turn",
+        &[
+            ProblemCode::TurnNotFound,
+            ProblemCode::TurnPending,
+            ProblemCode::TurnSummarized,
+            ProblemCode::PayloadTooLarge,
+        ],
+    ),
     ("abort_turn", &[ProblemCode::TurnNotFound]),
+    (
+        "fork",
+        &[
+            ProblemCode::SessionNotFound,
+            ProblemCode::SessionOwnerMismatch,
+            ProblemCode::SessionExists,
+            ProblemCode::IdempotencyKeyReused,
+        ],
+    ),
     (
         "get_history",
         &[
@@ -249,13 +267,24 @@ fn export_for_generators(doc: &mut Value, missed: &mut Vec<String>) {
         missed.push("export 200 content".into());
         return;
     };
+    // A line is an `ExportedSession`, or with `format=messages` an
+    // `ExportedTranscript`.
+    match content.get_mut("application/x-ndjson") {
+        Some(ndjson) => {
+            ndjson["schema"] = json!({"oneOf": [
+                {"$ref": "#/components/schemas/ExportedSession"},
+                {"$ref": "#/components/schemas/ExportedTranscript"},
+            ]});
+        }
+        None => missed.push("export 200 application/x-ndjson".into()),
+    }
     content.insert(
         "application/octet-stream".into(),
         json!({"schema": {
             "type": "string",
             "format": "binary",
             "contentMediaType": "application/x-ndjson",
-            "description": "The same body, as bytes: one `ExportedSession` a line.",
+            "description": "The same body, as bytes: one `ExportedSession` (or, with `format=messages`, `ExportedTranscript`) a line.",
         }}),
     );
     let said = ok["description"].as_str().unwrap_or_default();
@@ -506,7 +535,12 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
         }
         None => missed.push(place),
     };
-    for schema in ["StartTurnRequest", "ImportRequest", "PutSummaryRequest"] {
+    for schema in [
+        "StartTurnRequest",
+        "ImportRequest",
+        "PutSummaryRequest",
+        "ForkRequest",
+    ] {
         apply(
             format!("{schema}.user_id"),
             property(doc, schema, "user_id"),
@@ -524,7 +558,6 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
         ("FinalizeTurnRequest", "final_answer", answer),
         ("FinalizeTurnRequest", "final_answer_en", answer),
         ("PutSummaryRequest", "summary", settings.max_summary_bytes),
-        ("ImportMessage", "content", query.max(answer)),
     ];
     for (schema, name, bytes) in texts {
         apply(
@@ -533,6 +566,12 @@ fn bounds(doc: &mut Value, settings: &Settings, missed: &mut Vec<String>) {
             json!({"maxLength": bytes}),
         );
     }
+    // A transcript message's content, when a string: a question or an answer.
+    apply(
+        "TranscriptContent.oneOf[0]".into(),
+        doc.pointer_mut("/components/schemas/TranscriptContent/oneOf/0"),
+        json!({"maxLength": query.max(answer)}),
+    );
     for (name, values, default) in history {
         // The schema (a start's `history`) states even a fixed default in
         // words: openapi-typescript, by default, makes a property with a

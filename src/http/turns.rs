@@ -2,16 +2,16 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use utoipa::ToSchema;
 
 use super::AppState;
 use super::error::{ApiError, ProblemCode};
 use super::extract::{JsonBody, NoQuery};
 use super::history::{HistoryParams, HistoryResponse, Reading, Turn};
+use super::idempotency::{IDEMPOTENCY_KEY, created, request_hash};
 use super::sessions::SessionTurnPath;
 use super::valid::{AllValid, Valid, field, given_user_id, optional, rule};
 use crate::config::Settings;
@@ -21,9 +21,6 @@ use crate::store::counting::unsummarized_tokens;
 use crate::store::{Finalized, StartTurn, Store, StoreError, StoredHistory};
 use crate::tokens::{AnswerTokens, QueryTokens};
 use crate::turn::{English, Finalization, NewPendingTurn, TurnView, now_millis, rfc3339};
-
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Starts a turn with the user's question.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -189,11 +186,7 @@ impl Start {
                 .clone()
                 .map(|q| UserQuery::parse(q, settings.max_query_bytes)),
         )?;
-        let key = headers.get(IDEMPOTENCY_KEY).map(|v| {
-            v.to_str()
-                .map_err(|_| "must be visible ASCII")
-                .and_then(IdempotencyKey::parse)
-        });
+        let key = super::idempotency::key(headers);
         let (query, query_en, session_id, user_id, key, (), history) = (
             query,
             query_en,
@@ -368,14 +361,7 @@ pub async fn start_turn(
         started_at: rfc3339(started.started_at),
         history,
     };
-    Ok(if started.replayed {
-        let mut res = (StatusCode::OK, Json(body)).into_response();
-        res.headers_mut()
-            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-        res
-    } else {
-        (StatusCode::CREATED, Json(body)).into_response()
-    })
+    Ok(created(body, started.replayed))
 }
 
 /// A start's templated history, read and rendered before the turn is
@@ -419,17 +405,6 @@ async fn owner_first(
         }
     }
     error
-}
-
-/// What "the same body" means for an idempotent replay: the parsed request,
-/// so key order and white space do not matter (nor `null`, `""` or no
-/// `user_id`: `Start::parse` hashes the body with `""` made absent).
-fn request_hash(body: &StartTurnRequest) -> String {
-    let canonical = serde_json::to_vec(body).unwrap_or_default();
-    Sha256::digest(&canonical)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// A finalize_turn request, validated.
@@ -488,36 +463,9 @@ pub async fn finalize_turn(
     _: NoQuery,
     JsonBody(body): JsonBody<FinalizeTurnRequest>,
 ) -> Result<Json<FinalizeTurnResponse>, ApiError> {
-    let Finalize {
-        session,
-        turn,
-        answer,
-        answer_en,
-    } = Finalize::parse(&path, body, &app.settings)?;
-    let texts = (answer, answer_en);
-    let long = texts.0.as_str().len() + texts.1.as_ref().map_or(0, |a| a.as_str().len())
-        > COUNT_INLINE_BYTES;
-    let encoding = app.settings.encoding;
-    let ((answer, _), (tokens, english)) = counted(
-        texts,
-        long,
-        move |(a, en): &(FinalAnswer, Option<FinalAnswer>)| {
-            (
-                AnswerTokens::count(encoding, a.as_str()),
-                en.as_ref().map(|en| English {
-                    text: en.as_str().to_owned(),
-                    tokens: AnswerTokens::count(encoding, en.as_str()),
-                }),
-            )
-        },
-    )
-    .await;
-    let end = Finalization {
-        tokens,
-        final_answer: answer.into_string(),
-        finalized_at: now_millis(),
-        english,
-    };
+    let (session, turn, end) = Finalize::parse(&path, body, &app.settings)?
+        .counted(&app)
+        .await;
     let same = |t: &TurnView| {
         t.final_answer == end.final_answer
             && t.final_answer_en.as_deref() == end.english.as_ref().map(|e| e.text.as_str())
@@ -533,6 +481,77 @@ pub async fn finalize_turn(
         Finalized::Already(t) if same(&t) => t,
         Finalized::Already(_) => return Err(ProblemCode::TurnAlreadyFinalized.into()),
     };
+    Ok(Json(FinalizeTurnResponse {
+        session_id: session.into_string(),
+        turn: Turn::from(done),
+    }))
+}
+
+impl Finalize {
+    /// The answer, counted (off the request's thread when long), as the
+    /// turn ends with it now.
+    async fn counted(self, app: &AppState) -> (SessionId, TurnId, Finalization) {
+        let texts = (self.answer, self.answer_en);
+        let long = texts.0.as_str().len() + texts.1.as_ref().map_or(0, |a| a.as_str().len())
+            > COUNT_INLINE_BYTES;
+        let encoding = app.settings.encoding;
+        let ((answer, _), (tokens, english)) = counted(
+            texts,
+            long,
+            move |(a, en): &(FinalAnswer, Option<FinalAnswer>)| {
+                (
+                    AnswerTokens::count(encoding, a.as_str()),
+                    en.as_ref().map(|en| English {
+                        text: en.as_str().to_owned(),
+                        tokens: AnswerTokens::count(encoding, en.as_str()),
+                    }),
+                )
+            },
+        )
+        .await;
+        let end = Finalization {
+            tokens,
+            final_answer: answer.into_string(),
+            finalized_at: now_millis(),
+            english,
+        };
+        (self.session, self.turn, end)
+    }
+}
+
+/// Regenerate a turn's answer
+///
+/// Replaces the answer of a finalized turn (a chat UI's "regenerate"),
+/// keeping its seq, its question and the question's English copy; the old
+/// answer (and its English copy) is not kept. Any finalized turn the
+/// summary does not cover: a covered one is a 409 `turn_summarized`, a
+/// pending one a 409 `turn_pending`. The answer follows a finalize's rules
+/// (limits, counts, `final_answer_en`); `finalized_at` becomes now, and the
+/// session's TTL slides.
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{session_id}/turns/{turn_id}/regenerate",
+    tag = "turns",
+    params(SessionTurnPath),
+    request_body = FinalizeTurnRequest,
+    responses(
+        (status = 200, description = "The turn with its new answer", body = FinalizeTurnResponse),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn regenerate_turn(
+    State(app): State<AppState>,
+    path: SessionTurnPath,
+    _: NoQuery,
+    JsonBody(body): JsonBody<FinalizeTurnRequest>,
+) -> Result<Json<FinalizeTurnResponse>, ApiError> {
+    let (session, turn, end) = Finalize::parse(&path, body, &app.settings)?
+        .counted(&app)
+        .await;
+    let done = app.store.regenerate(&session, turn, &end).await?;
+    if let Some(s) = &app.summarizer {
+        s.wrote(session.clone());
+    }
     Ok(Json(FinalizeTurnResponse {
         session_id: session.into_string(),
         turn: Turn::from(done),

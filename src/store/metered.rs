@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use super::{
-    Erased, Finalized, Import, Imported, PoolStatus, SessionInfo, SessionsPage, StartTurn, Started,
-    Store, StoreError, StoredHistory, StoredSummary, SummaryWrite,
+    Erased, Finalized, Fork, Forked, Import, Imported, PoolStatus, SessionInfo, SessionsPage,
+    StartTurn, Started, Store, StoreError, StoredHistory, StoredSummary, SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
@@ -61,6 +61,20 @@ impl Store for Metered {
             self.inner.finalize_turn(session, turn, end),
         )
         .await
+    }
+
+    async fn regenerate(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<TurnView, StoreError> {
+        self.time("regenerate", self.inner.regenerate(session, turn, end))
+            .await
+    }
+
+    async fn fork(&self, req: Fork<'_>) -> Result<Forked, StoreError> {
+        self.time("fork", self.inner.fork(req)).await
     }
 
     async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {

@@ -156,6 +156,70 @@ pub struct Import<'a> {
     pub now: Millis,
 }
 
+/// A fork: a new session made of the finalized turns of another up to a
+/// seq, with its summary when that covers no turn past it.
+#[derive(Debug, Clone)]
+pub struct Fork<'a> {
+    pub source: &'a SessionId,
+    pub target: &'a SessionId,
+    /// The newest seq copied (1 or more); `None`: the newest finalized
+    /// turn's.
+    pub through_seq: Option<u64>,
+    /// Checked against the source's owner as a write's is; the fork's
+    /// owner is the source's, or this user's when the source has none.
+    pub user_id: Option<&'a UserId>,
+    /// The key and a hash of the request it came with.
+    pub idempotency: Option<(&'a IdempotencyKey, &'a str)>,
+    /// The new session's generation: a turn id made for it.
+    pub generation: TurnId,
+    pub now: Millis,
+}
+
+/// What a fork made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forked {
+    pub user_id: Option<String>,
+    pub through_seq: u64,
+    /// The finalized turns copied.
+    pub turns: u64,
+    /// The summary came along.
+    pub summary: bool,
+    /// An earlier fork with the same idempotency key and request made it.
+    pub replayed: bool,
+}
+
+impl Forked {
+    /// As an idempotency key's record keeps it: `fork:<through> <turns> <0|1>`.
+    pub fn record(&self) -> String {
+        format!(
+            "fork:{} {} {}",
+            self.through_seq,
+            self.turns,
+            u8::from(self.summary)
+        )
+    }
+
+    /// The record `record` wrote, and the request hash after it.
+    pub fn parse(record: &str) -> Option<(Forked, &str)> {
+        let rest = record.strip_prefix("fork:")?;
+        let mut parts = rest.splitn(4, ' ');
+        let through_seq = parts.next()?.parse().ok()?;
+        let turns = parts.next()?.parse().ok()?;
+        let summary = parts.next()? == "1";
+        let hash = parts.next()?;
+        Some((
+            Forked {
+                user_id: None,
+                through_seq,
+                turns,
+                summary,
+                replayed: true,
+            },
+            hash,
+        ))
+    }
+}
+
 /// A turn of an import, counted.
 #[derive(Debug, Clone)]
 pub struct ImportedTurn {
@@ -164,6 +228,9 @@ pub struct ImportedTurn {
     pub final_answer: String,
     pub query_tokens: crate::tokens::QueryTokens,
     pub answer_tokens: crate::tokens::AnswerTokens,
+    /// When it was started and finalized, as the transcript says; `None`:
+    /// at the import's `now`.
+    pub times: Option<(Millis, Millis)>,
 }
 
 impl ImportedTurn {
@@ -345,6 +412,25 @@ pub enum StoreError {
     IdempotencyKeyReused,
     #[error("no such pending or finalized turn")]
     TurnNotFound,
+    /// No live session has this id (a fork's source).
+    #[error("no such session")]
+    SessionNotFound,
+    /// A session has this id already (a fork's target), or another fork
+    /// into it is under way (`busy`: try again after this).
+    #[error("the session exists")]
+    SessionExists { busy: Option<Duration> },
+    /// A fork through a seq past the newest finalized turn.
+    #[error("the newest finalized turn is {newest}")]
+    ForkBeyond { newest: u64 },
+    /// A fork through a seq below the oldest turn kept: nothing to copy.
+    #[error("the oldest finalized turn is {oldest}")]
+    ForkEmpty { oldest: u64 },
+    /// The turn is pending: there is no answer to replace.
+    #[error("the turn is pending")]
+    TurnPending,
+    /// The summary covers the turn (through `through`).
+    #[error("the summary covers the turn (through seq {through})")]
+    TurnSummarized { through: u64 },
     /// The session holds `Limits::max_pending` live pending turns.
     #[error("too many pending turns")]
     TooManyPendingTurns {
@@ -475,6 +561,26 @@ pub trait Store: Send + Sync + 'static {
         turn: TurnId,
         end: &Finalization,
     ) -> Result<Finalized, StoreError>;
+
+    /// Replaces the answer of a finalized turn (`end`: the new answer, its
+    /// counts, English copy and time), keeping its seq, question and the
+    /// question's English copy; slides the TTL. `TurnNotFound` (no such
+    /// turn, or an expired pending one), `TurnPending`, `TurnSummarized`
+    /// (the summary covers it).
+    async fn regenerate(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<TurnView, StoreError>;
+
+    /// Makes `req.target` a copy of `req.source`'s finalized turns through
+    /// a seq (and its summary, when it covers no turn past it), all at
+    /// once for a reader: `SessionNotFound`, `OwnerMismatch`,
+    /// `SessionExists`, `ForkBeyond`, `ForkEmpty`, `IdempotencyKeyReused`.
+    /// Copied a bounded page a call; a source cleared while it is copied
+    /// is `SessionNotFound`, and nothing is made.
+    async fn fork(&self, req: Fork<'_>) -> Result<Forked, StoreError>;
 
     /// Removes a pending or finalized turn; `TurnNotFound` if neither.
     async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError>;

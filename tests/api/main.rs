@@ -46,8 +46,10 @@ macro_rules! conformance {
     };
 }
 
+mod branches;
 mod chat;
 mod cors;
+mod distill;
 mod edge;
 mod imports;
 mod lens;

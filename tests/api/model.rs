@@ -15,7 +15,7 @@ use turnstore::history::template::Templates;
 use turnstore::history::{Format, Options, Selection, Window, render_text};
 use turnstore::metrics::Metrics;
 use turnstore::store::{
-    Import, ImportedTurn, Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite,
+    Fork, Import, ImportedTurn, Limits, MemoryStore, StartTurn, Store, StoreError, SummaryWrite,
 };
 use turnstore::tokens::{AnswerTokens, Encoding, QueryTokens, SummaryTokens};
 use turnstore::turn::{English, Finalization, Millis, NewPendingTurn};
@@ -122,6 +122,13 @@ enum Op {
         text: usize,
         english: Option<usize>,
     },
+    /// A finalized turn's answer replaced.
+    Regenerate {
+        session: usize,
+        turn: usize,
+        text: usize,
+        english: Option<usize>,
+    },
     Delete {
         session: usize,
         turn: usize,
@@ -147,12 +154,14 @@ enum Op {
     GetSummary {
         session: usize,
     },
-    /// An import of these (question, answer) text pairs.
+    /// An import of these (question, answer) text pairs; `timed`: with
+    /// the times a transcript gave (in the past, a second apart).
     Import {
         session: usize,
         user: Option<usize>,
         key: Option<usize>,
         pairs: Vec<(usize, usize)>,
+        timed: bool,
     },
     /// An export's page of a session's turns.
     TurnsPage {
@@ -169,6 +178,14 @@ enum Op {
         session: usize,
         holder: usize,
         take: bool,
+    },
+    /// A fork of `session` into `target` through a seq (`None`: all).
+    Fork {
+        session: usize,
+        target: usize,
+        through: Option<u64>,
+        user: Option<usize>,
+        key: Option<usize>,
     },
     Clear {
         session: usize,
@@ -250,6 +267,8 @@ fn op() -> impl Strategy<Value = Op> {
                 Op::Start { session, user, key, text, english, read }),
         6 => (s.clone(), 0usize..8, 0..TEXT_COUNT, english())
             .prop_map(|(session, turn, text, english)| Op::Finalize { session, turn, text, english }),
+        2 => (s.clone(), 0usize..8, 0..TEXT_COUNT, english())
+            .prop_map(|(session, turn, text, english)| Op::Regenerate { session, turn, text, english }),
         1 => (s.clone(), 0usize..8).prop_map(|(session, turn)| Op::Delete { session, turn }),
         4 => (s.clone(), read()).prop_map(|(session, read)| Op::History { session, read }),
         1 => s.clone().prop_map(|session| Op::Info { session }),
@@ -259,14 +278,17 @@ fn op() -> impl Strategy<Value = Op> {
                 Op::PutSummary { session, text, back, expected, user, generation }),
         1 => s.clone().prop_map(|session| Op::GetSummary { session }),
         1 => (s.clone(), proptest::option::of(0..USERS), proptest::option::of(0usize..2),
-              proptest::collection::vec((0..TEXT_COUNT, 0..TEXT_COUNT), 1..4))
-            .prop_map(|(session, user, key, pairs)| Op::Import { session, user, key, pairs }),
+              proptest::collection::vec((0..TEXT_COUNT, 0..TEXT_COUNT), 1..4), any::<bool>())
+            .prop_map(|(session, user, key, pairs, timed)| Op::Import { session, user, key, pairs, timed }),
         1 => (s.clone(), 0u64..6, 1usize..4, prop_oneof![Just(1u64), Just(100), Just(1 << 20)])
             .prop_map(|(session, after, max_turns, max_bytes)|
                 Op::TurnsPage { session, after, max_turns, max_bytes }),
         1 => s.clone().prop_map(|session| Op::DeleteSummary { session }),
         1 => (s.clone(), 0usize..2, any::<bool>())
             .prop_map(|(session, holder, take)| Op::Lock { session, holder, take }),
+        1 => (s.clone(), s.clone(), proptest::option::of(1u64..7), proptest::option::of(0..USERS),
+              proptest::option::of(0usize..2))
+            .prop_map(|(session, target, through, user, key)| Op::Fork { session, target, through, user, key }),
         1 => s.prop_map(|session| Op::Clear { session }),
         1 => (0..USERS, 1usize..3).prop_map(|(user, limit)| Op::List { user, limit }),
         1 => (0..USERS).prop_map(|user| Op::Erase { user }),
@@ -384,6 +406,12 @@ impl Pair {
                 turn,
                 text,
                 english,
+            }
+            | Op::Regenerate {
+                session,
+                turn,
+                text,
+                english,
             } => {
                 let Some(turn) = self.pick(*session, *turn) else {
                     return (String::new(), String::new());
@@ -400,6 +428,12 @@ impl Pair {
                     }),
                 };
                 let s = &self.sessions[*session];
+                if matches!(op, Op::Regenerate { .. }) {
+                    return (
+                        shown(self.memory.regenerate(s, turn, &end).await),
+                        shown(self.redis.regenerate(s, turn, &end).await),
+                    );
+                }
                 (
                     shown(self.memory.finalize_turn(s, turn, &end).await),
                     shown(self.redis.finalize_turn(s, turn, &end).await),
@@ -504,19 +538,25 @@ impl Pair {
                 user,
                 key,
                 pairs,
+                timed,
             } => {
                 let turns: Vec<ImportedTurn> = pairs
                     .iter()
-                    .map(|(q, a)| ImportedTurn {
+                    .enumerate()
+                    .map(|(i, (q, a))| ImportedTurn {
                         turn_id: TurnId::generate(),
                         user_query: self.texts[*q].clone(),
                         final_answer: self.texts[*a].clone(),
                         query_tokens: QueryTokens::count(self.encoding, &self.texts[*q]),
                         answer_tokens: AnswerTokens::count(self.encoding, &self.texts[*a]),
+                        times: timed.then(|| {
+                            let at = now - 60_000 + 2_000 * i as i64;
+                            (at, at + 1_000)
+                        }),
                     })
                     .collect();
                 let key = key.map(|k| IdempotencyKey::parse(format!("i{k}")).unwrap());
-                let hash = format!("{pairs:?}").replace(' ', "");
+                let hash = format!("{pairs:?}{timed}").replace(' ', "");
                 let import = || Import {
                     session_id: &self.sessions[*session],
                     user_id: user.map(|u| &self.users[u]),
@@ -529,6 +569,33 @@ impl Pair {
                 if m.as_ref().is_ok_and(|i| !i.replayed) {
                     // Finalizes and deletes may pick imported turns too.
                     self.turns[*session].extend(turns.iter().map(|t| t.turn_id));
+                }
+                (shown(m), shown(r))
+            }
+            Op::Fork {
+                session,
+                target,
+                through,
+                user,
+                key,
+            } => {
+                let key = key.map(|k| IdempotencyKey::parse(format!("f{k}")).unwrap());
+                let hash = format!("{through:?}{user:?}");
+                let generation = TurnId::generate();
+                let fork = || Fork {
+                    source: &self.sessions[*session],
+                    target: &self.sessions[*target],
+                    through_seq: *through,
+                    user_id: user.map(|u| &self.users[u]),
+                    idempotency: key.as_ref().map(|k| (k, hash.as_str())),
+                    generation,
+                    now,
+                };
+                let m = self.memory.fork(fork()).await;
+                let r = self.redis.fork(fork()).await;
+                if m.as_ref().is_ok_and(|f| !f.replayed) {
+                    // Finalizes and deletes may pick the copied turns too.
+                    self.turns[*target] = self.turns[*session].clone();
                 }
                 (shown(m), shown(r))
             }

@@ -148,6 +148,7 @@ async fn a_start_or_import_run_twice_writes_once() {
                 final_answer: "a".into(),
                 query_tokens: QueryTokens::count(Encoding::O200kBase, "q"),
                 answer_tokens: AnswerTokens::count(Encoding::O200kBase, "a"),
+                times: None,
             })
             .collect();
         let import = || Import {

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import threading
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import httpx
 import pytest
@@ -22,8 +23,10 @@ from turnstore import Client
 #   "pass":   forward it and return the server's response;
 #   "lose":   forward it, then raise ReadError (the server acted, the reply was lost);
 #   "refuse": raise ConnectError without forwarding (the server never saw it);
-#   "503":    answer 503 without forwarding (an overloaded proxy).
-PASS, LOSE, REFUSE, UNAVAILABLE = "pass", "lose", "refuse", "503"
+#   "503":    answer 503 without forwarding (an overloaded proxy);
+#   "busy":   answer a fork's 409 session_exists with Retry-After: 1 without
+#             forwarding (another fork into the id is under way).
+PASS, LOSE, REFUSE, UNAVAILABLE, BUSY = "pass", "lose", "refuse", "503", "busy"
 
 
 STARTUP_TIMEOUT = 30.0
@@ -111,6 +114,16 @@ def new_id(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+TRANSCRIPTS = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "transcripts"
+
+
+def transcript_fixture(name: str) -> List[Dict[str, Any]]:
+    """One of the repository's agent-loop transcripts (``tests/fixtures/transcripts``,
+    the server's distill fixtures), as the messages of an import."""
+    messages: List[Dict[str, Any]] = json.loads((TRANSCRIPTS / name).read_text("utf-8"))
+    return messages
+
+
 def finished_turn(client: Client, session_id: str, question: str, answer: str) -> int:
     """Starts and finalizes one turn; returns its seq."""
     started = client.start_turn(question, session_id=session_id)
@@ -133,6 +146,42 @@ def _unavailable(request: httpx.Request) -> httpx.Response:
     )
 
 
+def _busy(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(
+        409,
+        json={
+            "type": "urn:turnstore:problem:session_exists",
+            "title": "Session exists",
+            "status": 409,
+            "detail": "injected by the test transport: another fork is under way",
+            "code": "session_exists",
+        },
+        headers={"content-type": "application/problem+json", "retry-after": "1"},
+        request=request,
+    )
+
+
+def redis_command(url: str, *args: str) -> bytes:
+    """One command to the Redis at ``url`` (``redis://host:port``); its
+    reply's first line (enough for the writes the tests make)."""
+    host, port = url.removeprefix("redis://").rsplit(":", 1)
+    parts = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg.encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"".join(parts))
+        reply = b""
+        while not reply.endswith(b"\r\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    if reply.startswith(b"-"):
+        raise RuntimeError(f"redis {args[0]}: {reply.decode().strip()}")
+    return reply
+
+
 class ScriptedTransport(httpx.BaseTransport):
     """Forwards to the real server, except as ``script`` says for the first
     requests (one action per request, then "pass"). Records every request."""
@@ -149,6 +198,8 @@ class ScriptedTransport(httpx.BaseTransport):
             raise httpx.ConnectError("injected: connection refused", request=request)
         if action == UNAVAILABLE:
             return _unavailable(request)
+        if action == BUSY:
+            return _busy(request)
         response = self._inner.handle_request(request)
         if action == LOSE:
             response.read()
@@ -175,6 +226,8 @@ class AsyncScriptedTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectError("injected: connection refused", request=request)
         if action == UNAVAILABLE:
             return _unavailable(request)
+        if action == BUSY:
+            return _busy(request)
         response = await self._inner.handle_async_request(request)
         if action == LOSE:
             await response.aread()

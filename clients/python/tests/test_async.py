@@ -9,11 +9,12 @@ from typing import AsyncIterator, List, Optional
 
 import httpx
 import pytest
-from support import LOSE, REFUSE, AsyncScriptedTransport, Server, new_id
+from support import LOSE, REFUSE, AsyncScriptedTransport, Server, new_id, transcript_fixture
 
 from turnstore import (
     AsyncClient,
     ConflictError,
+    DroppedReport,
     ExportIncompleteError,
     HistoryOptions,
     NotFoundError,
@@ -143,6 +144,27 @@ async def test_async_v1_1_operations(aclient: AsyncClient) -> None:
         await aclient.import_messages(sid, [{"role": "tool", "content": "x"}])
     assert [e.field for e in info.value.errors] == ["messages[0].role"]
 
+    # A distilled import (an Anthropic tool loop) reports what it dropped, and replays it.
+    loop = transcript_fixture("anthropic_tool_loop.json")
+    distilled = await aclient.import_messages(
+        new_id(), loop, idempotency_key=f"distill-{sid}", mode="distill"
+    )
+    assert (distilled.imported_turns, distilled.first_seq, distilled.last_seq) == (2, 1, 2)
+    assert distilled.dropped is not None
+    assert [d.reason for d in distilled.dropped] == [
+        "tool_result",
+        "tool_call",
+        "thinking",
+        "non_text",
+        "superseded",
+    ]
+    assert distilled.dropped[0] == DroppedReport("tool_result", 2, [2, 5])
+    replayed = await aclient.import_messages(
+        distilled.session_id, loop, idempotency_key=f"distill-{sid}", mode="distill"
+    )
+    assert (replayed.replayed, replayed.dropped) == (True, distilled.dropped)
+    assert imported.dropped is None
+
     english = HistoryOptions(format="messages", lang="en")
     async with aclient.turn("Wie?", session_id=sid, user_query_en="How?", history=english) as turn:
         assert turn.prompt()[-1] == {"role": "user", "content": "How?"}
@@ -185,6 +207,41 @@ async def test_async_v1_1_operations(aclient: AsyncClient) -> None:
     assert [t.seq for t in sessions[0].turns] == [1, 2, 3]
     assert sessions[0].summary == summary
     assert [s async for s in aclient.export_user(new_id("user"))] == []
+
+    # As transcripts: the same sessions, their turns as messages.
+    async with aclient.export_transcripts(user) as transcripts:
+        exported = [t async for t in transcripts]
+    assert [t.session_id for t in exported] == [sid]
+    assert exported[0].summary == summary
+    assert [(m.role, m.content, m.timestamp) for m in exported[0].messages] == [
+        (role, text, at)
+        for t in sessions[0].turns
+        for role, text, at in (
+            ("user", t.user_query, t.started_at),
+            ("assistant", t.final_answer, t.finalized_at),
+        )
+    ]
+    assert [t async for t in aclient.export_transcripts(new_id("user"))] == []
+
+    # Regenerate: not a turn the summary covers, the newest one.
+    first, *_, last = sessions[0].turns
+    with pytest.raises(ConflictError) as covered:
+        await aclient.regenerate_turn(sid, first.turn_id, "again")
+    assert covered.value.code == "turn_summarized"
+    redone = await aclient.regenerate_turn(sid, last.turn_id, "Gar nichts.", final_answer_en="-")
+    assert (redone.seq, redone.user_query, redone.final_answer, redone.final_answer_en) == (
+        last.seq,
+        last.user_query,
+        "Gar nichts.",
+        "-",
+    )
+    pending = await aclient.start_turn("Noch?", session_id=sid)
+    with pytest.raises(ConflictError) as not_yet:
+        await aclient.regenerate_turn(sid, pending.turn_id, "Ja.")
+    assert not_yet.value.code == "turn_pending"
+    with pytest.raises(NotFoundError) as unknown:
+        await aclient.regenerate_turn(sid, str(uuid.uuid4()), "Ja.")
+    assert unknown.value.code == "turn_not_found"
 
     await aclient.delete_summary(sid)
     with pytest.raises(NotFoundError):

@@ -91,6 +91,42 @@ def test_no_response_after_the_default_retries(exc: Exception, code: str) -> Non
     assert len(calls) == CONVENTIONS["max_retries"] + 1
 
 
+def test_a_fork_told_to_come_back_is_retried_and_a_taken_id_is_not() -> None:
+    busy = CONVENTIONS["retried_conflicts"]["fork"]
+    calls: List[httpx.Request] = []
+    retry_after = ["1"]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        headers = {"retry-after": retry_after[0]} if retry_after else {}
+        return httpx.Response(
+            busy["status"],
+            json={
+                "type": "t",
+                "title": "t",
+                "status": busy["status"],
+                "detail": "d",
+                "code": busy["code"],
+            },
+            headers=headers,
+        )
+
+    with Client(transport=httpx.MockTransport(handler), max_backoff=0.001) as client:
+        with pytest.raises(TurnstoreError) as info:
+            client.fork_session("s-1", "s-2")
+        assert (info.value.code, info.value.retry_after) == (busy["code"], 1.0)
+        assert len(calls) == CONVENTIONS["max_retries"] + 1
+        assert len({r.headers["idempotency-key"] for r in calls}) == 1
+        # The same answer to another operation, or without Retry-After: not retried.
+        calls.clear()
+        with pytest.raises(TurnstoreError):
+            client.get_session("s-1")
+        retry_after.clear()
+        with pytest.raises(TurnstoreError):
+            client.fork_session("s-1", "s-2")
+        assert len(calls) == 2
+
+
 def test_a_cut_export_is_export_incomplete() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(

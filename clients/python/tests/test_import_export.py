@@ -4,18 +4,24 @@ also against stand-in transports."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
-from typing import Dict, Iterator, List, Optional
+from datetime import datetime, timezone
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import httpx
 import pytest
-from support import Server, finished_turn, new_id
+from openai.types.chat import ChatCompletionMessageParam
+from support import Server, finished_turn, new_id, transcript_fixture
 
 from turnstore import (
     Client,
+    DroppedReport,
+    ExportedMessage,
     ExportedSession,
+    ExportedTranscript,
     ExportIncompleteError,
     ForbiddenError,
     Message,
@@ -43,6 +49,7 @@ def test_an_import_appends_finalized_turns(client: Client) -> None:
     assert (result.session_id, result.user_id) == (sid, user)
     assert (result.imported_turns, result.first_seq, result.last_seq) == (3, 1, 3)
     assert result.replayed is False
+    assert result.dropped is None  # a strict import reports no drops
 
     history = client.get_history(sid, format="turns")
     assert history.turns is not None
@@ -151,6 +158,226 @@ def test_an_import_claims_and_respects_the_owner(client: Client) -> None:
     assert client.import_messages(sid, transcript(1)).user_id == "alice"
 
 
+# --- distilled import (mode="distill") ----------------------------------------
+
+# Transcripts as the OpenAI and Anthropic SDKs' agent loops write them (the
+# server's own fixtures: tests/api/distill.rs holds it to the same results).
+OPENAI_LOOP = "openai_agent_loop.json"
+ANTHROPIC_LOOP = "anthropic_tool_loop.json"
+
+OPENAI_DROPPED = [
+    DroppedReport("instructions", 2, [0, 1]),
+    DroppedReport("tool_result", 4, [4, 9, 10, 14]),
+    DroppedReport("tool_call", 2, [3, 8]),
+    DroppedReport("refusal", 1, [13]),
+    DroppedReport("non_text", 3, [2, 7, 16]),
+    DroppedReport("unanswered", 1, [16]),
+]
+ANTHROPIC_DROPPED = [
+    DroppedReport("tool_result", 2, [2, 5]),
+    DroppedReport("tool_call", 2, [1, 5]),
+    DroppedReport("thinking", 2, [1, 5]),
+    DroppedReport("non_text", 1, [4]),
+    DroppedReport("superseded", 1, [1]),
+]
+
+
+def kept(client: Client, session_id: str) -> List[Tuple[str, str]]:
+    """Every turn of the session, as (question, answer)."""
+    turns = client.get_history(session_id, format="turns", limit=1000).turns
+    assert turns is not None
+    return [(t.user_query, t.final_answer) for t in turns]
+
+
+def test_an_openai_agent_loop_keeps_its_questions_and_final_answers(client: Client) -> None:
+    sid, user = new_id(), new_id("user")
+    result = client.import_messages(
+        sid, transcript_fixture(OPENAI_LOOP), user_id=user, mode="distill"
+    )
+    assert (result.session_id, result.user_id) == (sid, user)
+    assert (result.imported_turns, result.first_seq, result.last_seq) == (3, 1, 3)
+    assert result.replayed is False
+    assert result.dropped == OPENAI_DROPPED
+    assert kept(client, sid) == [
+        (
+            "How do I rotate an API key?",
+            "Open Settings > API keys and choose Rotate; the old key keeps working for 24 hours.",
+        ),
+        (
+            "And if it leaked?\n\nIt was in a public repository.",
+            "Revoke it at once (done),\n\nthen audit the usage log for the last 24 hours.",
+        ),
+        ("Can you show me the key?", "I can't show secrets; rotate it again to get a new one."),
+    ]
+    # Nothing else was kept: the unanswered last question is no pending turn.
+    session = client.get_session(sid)
+    assert (session.turn_count, session.pending_count) == (3, 0)
+
+
+def test_an_anthropic_tool_loop_keeps_its_questions_and_final_answers(client: Client) -> None:
+    sid = new_id()
+    result = client.import_messages(sid, transcript_fixture(ANTHROPIC_LOOP), mode="distill")
+    assert (result.imported_turns, result.first_seq, result.last_seq) == (2, 1, 2)
+    assert result.dropped == ANTHROPIC_DROPPED
+    assert kept(client, sid) == [
+        ("What's the weather like in San Francisco?", "It's 15 °C in San Francisco, with fog."),
+        (
+            "Is this the Golden Gate Bridge?",
+            "Yes: the Golden Gate Bridge, seen from the Marin side.",
+        ),
+    ]
+    # Strict pairs distil to themselves, and nothing is dropped: [], not None.
+    plain = client.import_messages(new_id(), transcript(2), mode="distill")
+    assert (plain.imported_turns, plain.dropped) == (2, [])
+
+
+def test_openai_sdk_messages_are_accepted_as_typed(client: Client) -> None:
+    # The OpenAI SDK's own message type is a Mapping[str, object]: no cast.
+    messages: List[ChatCompletionMessageParam] = [
+        {"role": "developer", "content": "Answer in one sentence."},
+        {"role": "user", "content": [{"type": "text", "text": "What is HNSW?"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": '{"q": "HNSW"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "a layered proximity graph"},
+        {"role": "assistant", "content": "A layered graph for nearest-neighbour search."},
+    ]
+    sid = new_id()
+    result = client.import_messages(sid, messages, mode="distill")
+    assert result.dropped == [
+        DroppedReport("instructions", 1, [0]),
+        DroppedReport("tool_result", 1, [3]),
+        DroppedReport("tool_call", 1, [2]),
+    ]
+    assert kept(client, sid) == [("What is HNSW?", "A layered graph for nearest-neighbour search.")]
+
+
+def test_a_distilled_import_is_replayed_with_its_report(client: Client) -> None:
+    sid, key = new_id(), new_id("key")
+    messages = transcript_fixture(ANTHROPIC_LOOP)
+    first = client.import_messages(sid, messages, idempotency_key=key, mode="distill")
+    again = client.import_messages(sid, messages, idempotency_key=key, mode="distill")
+    assert (first.replayed, again.replayed) == (False, True)
+    assert again == dataclasses.replace(first, replayed=True)
+    assert again.dropped == ANTHROPIC_DROPPED
+    assert client.get_session(sid).turn_count == 2  # imported once
+    # The same key with other messages is another request.
+    with pytest.raises(ValidationError) as info:
+        client.import_messages(sid, messages[:-1], idempotency_key=key, mode="distill")
+    assert info.value.code == "idempotency_key_reused"
+
+
+def test_a_strict_import_sends_no_mode() -> None:
+    """What a strict import sends is what it sent before modes existed: no
+    ``mode``; a distilled import sends ``mode: "distill"``."""
+    bodies: List[Dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        answer = {"session_id": "s", "user_id": None, "imported_turns": 1, "first_seq": 1}
+        return httpx.Response(201, json={**answer, "last_seq": 1})
+
+    with Client("http://turnstore.test", transport=httpx.MockTransport(handler)) as mocked:
+        assert mocked.import_messages("s", transcript(1)).dropped is None
+        mocked.import_messages("s", transcript(1), user_id="u", mode="strict")
+        mocked.import_messages("s", transcript(1), mode="distill")
+    assert bodies == [
+        {"messages": transcript(1)},
+        {"messages": transcript(1), "user_id": "u"},
+        {"messages": transcript(1), "mode": "distill"},
+    ]
+
+
+def test_timestamps_become_the_turns_times(client: Client) -> None:
+    sid = new_id()
+    messages = [
+        {"role": "system", "content": "Be brief.", "timestamp": "2026-11-20T08:59:00Z"},
+        {"role": "user", "content": "Hello?", "timestamp": "2026-11-20T09:00:00Z"},
+        {"role": "assistant", "content": "Hi!", "timestamp": "2026-11-20T10:00:04.250+01:00"},
+        {"role": "user", "content": "Bye.", "timestamp": "2026-11-20T09:05:00Z"},
+        {"role": "assistant", "content": "Goodbye.", "timestamp": "2026-11-20T09:05:00.5Z"},
+    ]
+    result = client.import_messages(sid, messages, mode="distill")
+    assert result.dropped == [DroppedReport("instructions", 1, [0])]
+    turns = client.get_history(sid, format="turns").turns
+    assert turns is not None
+
+    def at(hour: int, minute: int, second: int, ms: int = 0) -> datetime:
+        return datetime(2026, 11, 20, hour, minute, second, ms * 1000, tzinfo=timezone.utc)
+
+    assert [(t.user_query, t.started_at, t.finalized_at) for t in turns] == [
+        ("Hello?", at(9, 0, 0), at(9, 0, 4, 250)),
+        ("Bye.", at(9, 5, 0), at(9, 5, 0, 500)),
+    ]
+    # Times given for one exchange only: named, and nothing is written.
+    sid = new_id()
+    with pytest.raises(ValidationError) as info:
+        client.import_messages(
+            sid,
+            [
+                {"role": "user", "content": "q1", "timestamp": "2026-11-20T09:00:00Z"},
+                {"role": "assistant", "content": "a1", "timestamp": "2026-11-20T09:00:01Z"},
+                {"role": "user", "content": "q2"},
+                {"role": "assistant", "content": "a2"},
+            ],
+            mode="distill",
+        )
+    assert "messages[2].timestamp" in [e.field for e in info.value.errors]
+    with pytest.raises(NotFoundError):
+        client.get_session(sid)
+
+
+def test_a_malformed_distilled_transcript_is_named_by_index(client: Client) -> None:
+    sid = new_id()
+    with pytest.raises(ValidationError) as info:
+        client.import_messages(
+            sid,
+            [
+                {"content": "no role"},
+                {"role": "user", "content": 42},
+                {"role": "wizard", "content": "hi"},
+                {"role": "user", "content": [{"text": "no type"}]},
+                {"role": "user", "content": [{"type": "text"}]},
+            ],
+            mode="distill",
+        )
+    error = info.value
+    assert (error.status, error.code) == (422, "validation_failed")
+    assert [e.field for e in error.errors] == [
+        "messages[0].role",
+        "messages[1].content",
+        "messages[2].role",
+        "messages[3].content",
+        "messages[4].content",
+    ]
+    assert all(e.message for e in error.errors)
+    # Nothing to import (instructions, and a question without its answer).
+    with pytest.raises(ValidationError) as info:
+        client.import_messages(
+            sid,
+            [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}],
+            mode="distill",
+        )
+    assert [e.field for e in info.value.errors] == ["messages"]
+    with pytest.raises(NotFoundError):  # all or nothing
+        client.get_session(sid)
+    # Strict mode still refuses what distill reads; an unknown mode is named.
+    with pytest.raises(ValidationError) as info:
+        client.import_messages(sid, transcript_fixture(ANTHROPIC_LOOP)[:2])
+    assert [e.field for e in info.value.errors] == ["messages[1].content"]
+    with pytest.raises(ValidationError) as info:
+        client.import_messages(sid, transcript(1), mode="fuzzy")  # type: ignore[arg-type]
+    assert [e.field for e in info.value.errors] == ["mode"]
+
+
 # --- export ----------------------------------------------------------------
 
 
@@ -218,6 +445,115 @@ def test_leaving_an_export_early_releases_it(client: Client) -> None:
     assert first.turns and export.sessions == 1
     assert list(export) == []  # closed
     assert len(list(client.export_user(user))) == 3
+
+
+# --- export as transcripts (format=messages) ------------------------------------
+
+
+def _at(minute: int, second: int, ms: int = 0) -> datetime:
+    return datetime(2026, 11, 20, 9, minute, second, ms * 1000, tzinfo=timezone.utc)
+
+
+def test_an_export_as_transcripts_holds_every_session_as_messages(client: Client) -> None:
+    user = new_id("user")
+    timed, live, pending_only = new_id(), new_id(), new_id()
+    client.import_messages(
+        timed,
+        [
+            {"role": "user", "content": "Hello?", "timestamp": "2026-11-20T09:00:00Z"},
+            {"role": "assistant", "content": "Hi.", "timestamp": "2026-11-20T09:00:04.250Z"},
+            {"role": "user", "content": "Bye.", "timestamp": "2026-11-20T10:05:00+01:00"},
+            {"role": "assistant", "content": "Goodbye.", "timestamp": "2026-11-20T09:05:00.5Z"},
+        ],
+        user_id=user,
+        mode="distill",
+    )
+    summary = client.put_summary(timed, "Greetings.", 1)
+    started = client.start_turn("Wie?", session_id=live, user_id=user, user_query_en="How?")
+    client.finalize_turn(live, started.turn_id, "So.", final_answer_en="Like so.")
+    client.start_turn("pending, not exported", session_id=live)
+    client.start_turn("only pending", session_id=pending_only, user_id=user)
+
+    with client.export_transcripts(user) as export:
+        transcripts = list(export)
+    assert export.sessions == 3
+    assert all(isinstance(t, ExportedTranscript) for t in transcripts)
+    # The sessions of the default export, in its order, with the same times.
+    sessions = list(client.export_user(user))
+    assert [t.session_id for t in transcripts] == [s.session_id for s in sessions]
+    for transcript, session in zip(transcripts, sessions):
+        assert (transcript.created_at, transcript.last_active_at, transcript.summary) == (
+            session.created_at,
+            session.last_active_at,
+            session.summary,
+        )
+        assert transcript.messages == [
+            message
+            for t in session.turns
+            for message in (
+                ExportedMessage("user", t.user_query, t.started_at),
+                ExportedMessage("assistant", t.final_answer, t.finalized_at),
+            )
+        ]
+    by_id = {t.session_id: t for t in transcripts}
+    assert by_id[timed].summary == summary
+    assert by_id[timed].messages == [
+        ExportedMessage("user", "Hello?", _at(0, 0)),
+        ExportedMessage("assistant", "Hi.", _at(0, 4, 250)),
+        ExportedMessage("user", "Bye.", _at(5, 0)),
+        ExportedMessage("assistant", "Goodbye.", _at(5, 0, 500)),
+    ]
+    assert by_id[timed].messages[1].to_json() == {
+        "role": "assistant",
+        "content": "Hi.",
+        "timestamp": "2026-11-20T09:00:04.250Z",
+    }
+    # The originals, not the English copies; no summary, no messages.
+    assert [(m.role, m.content) for m in by_id[live].messages] == [
+        ("user", "Wie?"),
+        ("assistant", "So."),
+    ]
+    assert by_id[live].summary is None
+    assert by_id[pending_only].messages == []
+    assert list(client.export_transcripts(new_id("user"))) == []
+
+
+def test_a_transcript_export_imports_back_as_it_was(client: Client) -> None:
+    user, copies = new_id("user"), new_id("user")
+    originals = [new_id(), new_id()]
+    client.import_messages(
+        originals[0],
+        [
+            {"role": "user", "content": "q1", "timestamp": "2026-11-20T09:00:00Z"},
+            {"role": "assistant", "content": "a1", "timestamp": "2026-11-20T09:00:01.5Z"},
+            {"role": "user", "content": "q2", "timestamp": "2026-11-20T09:01:00.001Z"},
+            {"role": "assistant", "content": "a2", "timestamp": "2026-11-20T09:01:00.001Z"},
+        ],
+        user_id=user,
+        mode="distill",
+    )
+    for n in (1, 2, 3):  # live turns, one of them regenerated
+        started = client.start_turn(f"live q{n}", session_id=originals[1], user_id=user)
+        client.finalize_turn(originals[1], started.turn_id, f"live a{n}")
+    client.regenerate_turn(originals[1], started.turn_id, "live a3, again")
+
+    def turns(session_id: str) -> List[Tuple[str, str, datetime, datetime]]:
+        found = client.get_history(session_id, format="turns", limit=1000).turns
+        assert found is not None
+        return [(t.user_query, t.final_answer, t.started_at, t.finalized_at) for t in found]
+
+    copied: Dict[str, str] = {}
+    with client.export_transcripts(user) as export:
+        for transcript in export:
+            copy = new_id()
+            messages = [m.to_json() for m in transcript.messages]
+            result = client.import_messages(copy, messages, user_id=copies, mode="distill")
+            assert (result.imported_turns, result.dropped) == (len(messages) // 2, [])
+            copied[transcript.session_id] = copy
+    assert sorted(copied) == sorted(originals)
+    for original, copy in copied.items():
+        assert turns(copy) == turns(original)
+    assert turns(copied[originals[1]])[-1][:2] == ("live q3", "live a3, again")
 
 
 @pytest.fixture
@@ -381,6 +717,57 @@ def test_a_line_that_is_not_a_session_is_an_unexpected_response() -> None:
             list(client.export_user("u-1"))
     assert info.value.code == "unexpected_response"
     assert not isinstance(info.value, ExportIncompleteError)
+
+
+def _transcript_line(sid: str) -> bytes:
+    at = "2026-11-25T10:15:30.123Z"
+    message = {"role": "user", "content": "q1", "timestamp": at}
+    answer = {"role": "assistant", "content": "a1", "timestamp": "2026-11-25T10:15:32.4567Z"}
+    line = {
+        "session_id": sid,
+        "created_at": at,
+        "last_active_at": at,
+        "messages": [message, answer],
+        "future_field": True,
+    }
+    return json.dumps(line).encode() + b"\n"
+
+
+def test_an_export_asks_for_its_format_and_reads_its_own_lines() -> None:
+    queries: List[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        queries.append(str(request.url.query, "ascii"))
+        body = _transcript_line("s-1") if request.url.params.get("format") else _line("s-1")
+        return httpx.Response(200, content=body, headers={"content-type": "application/x-ndjson"})
+
+    with Client("http://turnstore.test", transport=httpx.MockTransport(handler)) as client:
+        (session,) = list(client.export_user("u-1"))
+        (transcript,) = list(client.export_transcripts("u-1"))
+    # A session export is the request it was: no format parameter.
+    assert queries == ["", "format=messages"]
+    assert isinstance(session, ExportedSession) and isinstance(transcript, ExportedTranscript)
+    contents = [(m.role, m.content) for m in transcript.messages]
+    assert contents == [("user", "q1"), ("assistant", "a1")]
+    assert transcript.messages[1].timestamp == datetime(
+        2026, 11, 25, 10, 15, 32, 456700, tzinfo=timezone.utc
+    )
+    assert transcript.messages[1].to_json()["timestamp"] == "2026-11-25T10:15:32.456700Z"
+    assert transcript.summary is None
+
+
+def test_a_session_line_in_a_transcript_export_is_an_unexpected_response() -> None:
+    with _client(Body(iter([_line("s-1")]))) as client:
+        with pytest.raises(TurnstoreError) as info:
+            list(client.export_transcripts("u-1"))
+    assert info.value.code == "unexpected_response"
+    assert "line 1" in info.value.detail and "transcript" in info.value.detail
+    with _client(Body(iter([_transcript_line("s-1"), _transcript_line("s-2")[:-9]]))) as client:
+        received: List[str] = []
+        with pytest.raises(ExportIncompleteError) as cut:
+            for transcript in client.export_transcripts("u-1"):
+                received.append(transcript.session_id)
+    assert (received, cut.value.sessions) == (["s-1"], 1)
 
 
 def test_an_export_is_retried_until_its_answer_begins() -> None:

@@ -11,7 +11,11 @@ import pytest
 
 from turnstore import (
     Client,
+    DroppedReport,
+    ExportedMessage,
     ExportedSession,
+    ExportedTranscript,
+    ForkResult,
     History,
     HistoryOptions,
     ImportResult,
@@ -19,7 +23,7 @@ from turnstore import (
     Summary,
     Unsummarized,
 )
-from turnstore.models import parse_datetime
+from turnstore.models import format_datetime, parse_datetime
 
 
 @pytest.mark.parametrize(
@@ -196,6 +200,113 @@ def test_an_exported_session_line() -> None:
         {"session_id": "s", "user_id": None, "imported_turns": 2, "first_seq": 4, "last_seq": 5}
     )
     assert (result.first_seq, result.last_seq, result.replayed) == (4, 5, False)
+    assert result.dropped is None  # a strict import's
+    distilled = ImportResult.from_json(
+        {
+            "session_id": "s",
+            "user_id": "u",
+            "imported_turns": 1,
+            "first_seq": 1,
+            "last_seq": 1,
+            "dropped": [
+                {"reason": "tool_call", "count": 2, "first_indexes": [3, 7]},
+                {"reason": "some_new_reason", "count": 1, "first_indexes": [0], "more": True},
+            ],
+        },
+        replayed=True,
+    )
+    assert distilled.replayed is True
+    assert distilled.dropped == [
+        DroppedReport(reason="tool_call", count=2, first_indexes=[3, 7]),
+        DroppedReport(reason="some_new_reason", count=1, first_indexes=[0]),
+    ]
+    nothing = ImportResult.from_json(
+        {
+            "session_id": "s",
+            "user_id": None,
+            "imported_turns": 1,
+            "first_seq": 1,
+            "last_seq": 1,
+            "dropped": [],
+        }
+    )
+    assert nothing.dropped == []
+
+
+def test_a_fork_result() -> None:
+    result = ForkResult.from_json(
+        {
+            "session_id": "chat-42-b",
+            "forked_from": "chat-42",
+            "user_id": None,
+            "through_seq": 6,
+            "copied_turns": 5,
+            "summary": True,
+            "future_field": 1,
+        },
+        replayed=True,
+    )
+    assert result == ForkResult("chat-42-b", "chat-42", None, 6, 5, True, replayed=True)
+    assert ForkResult.from_json({**result.__dict__, "user_id": "alice"}).replayed is False
+
+
+def test_an_exported_transcript_line() -> None:
+    transcript = ExportedTranscript.from_json(
+        {
+            "session_id": "chat-42",
+            "created_at": "2026-11-25T10:15:30.123Z",
+            "last_active_at": "2026-11-25T10:17:02.481Z",
+            "summary": {
+                "summary": "Greetings.",
+                "through_seq": 1,
+                "token_count": 3,
+                "updated_at": "2026-11-25T10:16:00.000Z",
+            },
+            "messages": [
+                {"role": "user", "content": "q", "timestamp": "2026-11-25T10:15:30.123Z"},
+                {"role": "assistant", "content": "a", "timestamp": "2026-11-25T10:15:32.456Z"},
+            ],
+            "future_field": 1,
+        }
+    )
+    assert transcript.summary is not None and transcript.summary.through_seq == 1
+    assert transcript.messages == [
+        ExportedMessage("user", "q", datetime(2026, 11, 25, 10, 15, 30, 123000, timezone.utc)),
+        ExportedMessage(
+            "assistant", "a", datetime(2026, 11, 25, 10, 15, 32, 456000, timezone.utc)
+        ),
+    ]
+    # As an import takes them: the service's own timestamps, back unchanged.
+    assert [m.to_json() for m in transcript.messages] == [
+        {"role": "user", "content": "q", "timestamp": "2026-11-25T10:15:30.123Z"},
+        {"role": "assistant", "content": "a", "timestamp": "2026-11-25T10:15:32.456Z"},
+    ]
+    empty = ExportedTranscript.from_json({**_TRANSCRIPT_TIMES, "messages": []})
+    assert (empty.messages, empty.summary) == ([], None)
+
+
+_TRANSCRIPT_TIMES = {
+    "session_id": "s",
+    "created_at": "2026-11-25T10:15:30.123Z",
+    "last_active_at": "2026-11-25T10:15:30.123Z",
+}
+
+
+@pytest.mark.parametrize(
+    "moment, text",
+    [
+        (datetime(2026, 1, 2, 3, 4, 5, 678000, timezone.utc), "2026-01-02T03:04:05.678Z"),
+        (datetime(2026, 1, 2, 3, 4, 5, 0, timezone.utc), "2026-01-02T03:04:05.000Z"),
+        (datetime(2026, 1, 2, 3, 4, 5, 123456, timezone.utc), "2026-01-02T03:04:05.123456Z"),
+        (
+            datetime(2026, 1, 2, 4, 4, 5, 500000, timezone(timedelta(hours=1))),
+            "2026-01-02T03:04:05.500Z",
+        ),
+    ],
+)
+def test_format_datetime(moment: datetime, text: str) -> None:
+    assert format_datetime(moment) == text
+    assert parse_datetime(text) == moment
 
 
 _HISTORY: Dict[str, Any] = {

@@ -33,10 +33,11 @@ def first_python_block(readme: Path) -> str:
 
 
 def runnable_blocks(readme: Path) -> Dict[str, List[str]]:
-    """The Python blocks that read ``TURNSTORE_URL``, by their section's heading."""
+    """The Python blocks that read ``TURNSTORE_URL``, by the heading of their
+    section (``## ``) or subsection (``### ``)."""
     blocks: Dict[str, List[str]] = {}
     heading = ""
-    pattern = re.compile(r"^## ([^\n]*)$|^```python\n(.*?)^```", re.M | re.S)
+    pattern = re.compile(r"^###? ([^\n]*)$|^```python\n(.*?)^```", re.M | re.S)
     for match in pattern.finditer(readme.read_text("utf-8")):
         if match.group(1) is not None:
             heading = match.group(1)
@@ -99,8 +100,25 @@ EXPECTED: Dict[str, Union[str, Callable[[str, str], bool]]] = {
     ),
     "Prompt caching": "1 None 1\n2 1 3\n3 1 5\n4 1 7\n5 1 9\n6 1 11\n7 4 7\n",
     "Import": "2 1 2\n['messages[0].role']\n",
+    "Agent transcripts": (
+        "1 [('instructions', [0]), ('tool_result', [3]), ('tool_call', [2])]\n"
+        "How do I rotate an API key? -> Open Settings > API keys and choose Rotate.\n"
+    ),
     "Export": lambda stdout, suffix: sorted(stdout.splitlines())
     == [f"chat-48-{suffix} 1 None", f"chat-49-{suffix} 1 None"],
+    "As transcripts": "[('user', 'Hi'), ('assistant', 'Hello!')]\nTrue\n",
+    "Regenerating an answer": (
+        "1 HNSW.\n"
+        "turn_summarized\n"
+        "### Conversation history:\nUser: Name a vector index.\nAssistant: HNSW.\n"
+    ),
+    "Editing a question": (
+        "1 False\n"
+        "2\n"
+        "### Conversation history:\nUser: Name a vector index.\nAssistant: IVF.\n\n"
+        "User: How much memory does it take?\nAssistant: About 1.5 times the vectors.\n"
+        "2\n"
+    ),
 }
 
 
@@ -149,6 +167,15 @@ STRATEGIES = {
     "Import a transcript": [
         '{"session_id":"chat-44","user_id":"alice","imported_turns":3,"first_seq":1,"last_seq":3}'
     ],
+    "Import an agent loop's transcript": [
+        '"imported_turns":1',
+        '"reason":"instructions"',
+        '"reason":"tool_result"',
+        '"reason":"tool_call"',
+        '"reason":"unanswered"',
+        '"role":"user","content":"How do I rotate an API key?"',
+        '"role":"assistant","content":"Open Settings > API keys and choose Rotate."',
+    ],
     "Rolling summaries, kept by your client": [
         '"unsummarized":{"after_seq":0,"through_seq":2,"turns":2,"tokens":38}',
         '"through_seq":2',
@@ -184,6 +211,11 @@ STRATEGIES = {
         '"breakpoint":{"seq":8,"messages":4}',
         '"window":{"stride":3,"from_seq":7,"left_out":1}',
         '"breakpoint":{"seq":9,"messages":6}',
+    ],
+    "Branches: regenerate an answer, edit a question": [
+        '"seq":2,"user_query":"And for recall?","final_answer":"HNSW, with a higher ef_search."',
+        '"copied_turns":1',
+        '"seq":2',
     ],
 }
 

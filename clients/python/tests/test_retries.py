@@ -92,6 +92,26 @@ def test_a_lost_finalize_is_retried_to_the_same_turn(
     assert client.get_history(sid).total_turns == 1
 
 
+def test_a_lost_regenerate_is_retried_to_the_same_answer(
+    flaky: Client, client: Client, transport: ScriptedTransport
+) -> None:
+    sid = new_id()
+    finished_turn(client, sid, "q", "a")
+    (turn,) = client.get_history(sid, format="turns").turns or []
+    transport.script = [LOSE]
+    regenerated = flaky.regenerate_turn(sid, turn.turn_id, "b", final_answer_en="b (en)")
+    assert [r.url.path.rsplit("/", 1)[-1] for r in transport.requests] == ["regenerate"] * 2
+    assert transport.requests[0].content == transport.requests[1].content
+    assert len(set(_sent(transport, "x-request-id"))) == 1
+    assert (regenerated.seq, regenerated.final_answer, regenerated.final_answer_en) == (
+        1,
+        "b",
+        "b (en)",
+    )
+    history = client.get_history(sid, format="turns")
+    assert [t.final_answer for t in history.turns or []] == ["b"]
+
+
 def test_a_lost_abort_counts_as_done(
     flaky: Client, client: Client, transport: ScriptedTransport
 ) -> None:

@@ -1,4 +1,4 @@
-"""start_turn, finalize_turn and abort_turn against the real server."""
+"""start_turn, finalize_turn, regenerate_turn and abort_turn against the real server."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from turnstore import (
     ForbiddenError,
     HistoryOptions,
     NotFoundError,
+    PayloadTooLargeError,
+    SummaryConflictError,
     ValidationError,
 )
 
@@ -128,3 +130,87 @@ def test_an_explicit_idempotency_key_replays_the_start(client: Client) -> None:
         client.start_turn("another question", session_id=sid, idempotency_key=key)
     assert info.value.code == "idempotency_key_reused"
     assert client.get_session(sid).pending_count == 1
+
+
+# --- regenerate ----------------------------------------------------------------
+
+
+def test_regenerate_replaces_an_answer_in_place(client: Client) -> None:
+    sid = new_id()
+    for n in (1, 2, 3):
+        finished_turn(client, sid, f"q{n}", f"a{n}")
+    before = client.get_history(sid, format="turns").turns
+    assert before is not None
+    old = before[1]
+    turn = client.regenerate_turn(sid, old.turn_id, "b2")
+    assert (turn.turn_id, turn.seq, turn.user_query, turn.started_at) == (
+        old.turn_id,
+        2,
+        "q2",
+        old.started_at,
+    )
+    assert turn.final_answer == "b2" and turn.finalized_at >= old.finalized_at
+    # The newest turn too; the same answer again is the same answer.
+    newest = client.regenerate_turn(sid, before[2].turn_id, "b3")
+    again = client.regenerate_turn(sid, before[2].turn_id, "b3")
+    assert (again.seq, again.final_answer) == (newest.seq, "b3")
+    turns = client.get_history(sid, format="turns").turns
+    assert turns is not None
+    assert [(t.seq, t.final_answer) for t in turns] == [(1, "a1"), (2, "b2"), (3, "b3")]
+    assert turns[1] == turn
+    assert client.get_session(sid).turn_count == 3
+    # The session goes on after the regenerated turns.
+    assert client.start_turn("q4", session_id=sid).seq == 4
+
+
+def test_regenerate_keeps_the_questions_english_copy_only(client: Client) -> None:
+    sid = new_id()
+    started = client.start_turn("Was ist das?", session_id=sid, user_query_en="What is it?")
+    client.finalize_turn(sid, started.turn_id, "Ein Baum.", final_answer_en="A tree.")
+    plain = client.regenerate_turn(sid, started.turn_id, "Ein Graph.")
+    assert (plain.user_query_en, plain.final_answer_en) == ("What is it?", None)
+    copied = client.regenerate_turn(
+        sid, started.turn_id, "Eine Liste.", final_answer_en="A list."
+    )
+    assert (copied.user_query_en, copied.final_answer_en) == ("What is it?", "A list.")
+    text = client.get_history_text(sid, lang="en").text
+    assert text.endswith("User: What is it?\nAssistant: A list.")
+
+
+def test_regenerate_refuses_summarized_pending_and_unknown_turns(client: Client) -> None:
+    sid = new_id()
+    finished_turn(client, sid, "q1", "a1")
+    finished_turn(client, sid, "q2", "a2")
+    turns = client.get_history(sid, format="turns").turns
+    assert turns is not None
+    first, second = (t.turn_id for t in turns)
+    client.put_summary(sid, "q1 was asked", 1)
+
+    with pytest.raises(ConflictError) as info:
+        client.regenerate_turn(sid, first, "b1")
+    error = info.value
+    assert (error.status, error.code) == (409, "turn_summarized")
+    assert not isinstance(error, SummaryConflictError)
+    assert "through seq 1" in error.detail and error.request_id
+    pending = client.start_turn("q3", session_id=sid)
+    with pytest.raises(ConflictError) as info:
+        client.regenerate_turn(sid, pending.turn_id, "b3")
+    assert (info.value.status, info.value.code) == (409, "turn_pending")
+    with pytest.raises(NotFoundError) as missing:
+        client.regenerate_turn(sid, str(uuid.uuid4()), "b")
+    assert (missing.value.status, missing.value.code) == (404, "turn_not_found")
+    with pytest.raises(NotFoundError):
+        client.regenerate_turn(new_id(), second, "b")
+    with pytest.raises(ValidationError) as invalid:
+        client.regenerate_turn(sid, second, "   ")
+    assert [e.field for e in invalid.value.errors] == ["final_answer"]
+    with pytest.raises(PayloadTooLargeError):
+        client.regenerate_turn(sid, second, "x" * 200_000)
+    # Nothing changed; without the summary, the first turn may change too.
+    assert [t.final_answer for t in client.get_history(sid, format="turns").turns or []] == [
+        "a1",
+        "a2",
+    ]
+    client.delete_summary(sid)
+    assert client.regenerate_turn(sid, first, "b1").final_answer == "b1"
+    assert client.regenerate_turn(sid, second, "b2").final_answer == "b2"

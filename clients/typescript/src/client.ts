@@ -1,26 +1,33 @@
 import createClient, { type Client } from "openapi-fetch";
 import { TurnstoreError } from "./errors.js";
-import { exportedSessions } from "./export.js";
-import { type AttemptResult, type Delivered, type RetryPolicy, sendWithRetries } from "./retry.js";
+import { type ExportLineKind, SESSION_LINES, TRANSCRIPT_LINES, exportedLines } from "./export.js";
+import { type AttemptResult, type Delivered, type RetryPolicy, type SendOptions, sendWithRetries } from "./retry.js";
 import type { paths } from "./schema.js";
 import type {
   EraseUserResponse,
   ExportedSession,
+  ExportedTranscript,
   FinalizeTurnBody,
   FinalizeTurnResponse,
+  ForkBody,
+  ForkResponse,
   HistoryFor,
   HistoryOptions,
+  DroppedReport,
   ImportBody,
   ImportMessage,
   ImportResponse,
   JsonMediaType,
   ListUserSessionsOptions,
   PutSummaryBody,
+  RegenerateTurnBody,
+  RegenerateTurnResponse,
   Session,
   StartTurnBody,
   StartTurnResponse,
   Summary,
   TextHistoryOptions,
+  TranscriptMessage,
   UserSession,
   UserSessionsPage,
   WireHistoryQuery,
@@ -124,12 +131,39 @@ export interface PutSummaryInput {
   userId?: string | undefined;
 }
 
-export interface ImportInput {
+/** A `strict` import: user and assistant messages in pairs, their contents strings. */
+export interface StrictImportInput {
+  /** `strict`, the default (sent only when given). */
+  mode?: "strict" | undefined;
   /** Oldest first: each user message followed by its assistant message becomes one turn. */
   messages: readonly ImportMessage[];
   /** The session's owner, as in a start: the first claims it, another is a 403. */
   userId?: string | undefined;
 }
+
+/**
+ * A `distill` import: an agent loop's messages as the OpenAI or Anthropic
+ * SDKs write them (an SDK's own message type fits `M`), each exchange kept
+ * as one turn, the rest dropped and reported (`dropped`).
+ */
+export interface DistillImportInput<M extends TranscriptMessage = TranscriptMessage> {
+  mode: "distill";
+  /**
+   * Oldest first. An exchange's question is its user texts in a row (joined
+   * by a blank line), its answer the last assistant text before the next
+   * question. System and developer prompts, tool calls and results,
+   * thinking, refusals, parts that are not text, replaced answers and a last
+   * question without an answer are dropped. A message's `timestamp` (RFC 3339
+   * with its zone) becomes its turn's `started_at` (the question's) or
+   * `finalized_at` (the answer's); given for one exchange, needed for all.
+   */
+  messages: readonly M[];
+  /** The session's owner, as in a start: the first claims it, another is a 403. */
+  userId?: string | undefined;
+}
+
+/** What `importMessages` appends: strict user/assistant pairs, or (`mode: "distill"`) an agent loop's messages. */
+export type ImportInput<M extends TranscriptMessage = TranscriptMessage> = StrictImportInput | DistillImportInput<M>;
 
 export interface ImportOptions {
   /** Reuse one key to make an import you repeat yourself idempotent (e.g. after a crash);
@@ -137,9 +171,37 @@ export interface ImportOptions {
   idempotencyKey?: string | undefined;
 }
 
-/** An import's result. */
+/** An import's result; `dropped` only for a `distill` import. */
 export type ImportResult = ImportResponse & {
   /** True when the key's earlier import answered (`Idempotent-Replayed: true`): nothing new was written. */
+  replayed: boolean;
+};
+
+/** A `distill` import's result: with what it dropped, a report per reason (`[]` when nothing). */
+export type DistilledImportResult = ImportResult & { dropped: DroppedReport[] };
+
+/** What `forkSession` makes: a new session of the source's finalized turns through a seq. */
+export interface ForkInput {
+  /** The new session's id: no live session may have it (409 `session_exists`), nor may the source (422). */
+  newSessionId: string;
+  /** The newest seq copied (1 or more); default the newest finalized turn's. Past it, or below
+   * the oldest turn the session kept (nothing to copy), a 422. The fork's next start takes the seq after it. */
+  throughSeq?: number | undefined;
+  /** As in a start: checked against the source's owner (403 `session_owner_mismatch`); the owner
+   * of the fork of an unowned session. */
+  userId?: string | undefined;
+}
+
+export interface ForkOptions {
+  /** Reuse one key to make a fork you repeat yourself idempotent (e.g. after a crash, or after
+   * a 409 with `retryAfter` that outlasted the retries); by default each call gets a fresh one,
+   * reused only across its own retries. */
+  idempotencyKey?: string | undefined;
+}
+
+/** A fork's result (`session_id` is the new session's). */
+export type ForkResult = ForkResponse & {
+  /** True when the key's earlier fork answered (`Idempotent-Replayed: true`): nothing new was written. */
   replayed: boolean;
 };
 
@@ -174,8 +236,8 @@ function fromEnvironment(name: string): string | undefined {
 
 /**
  * A typed client of the turnstore HTTP API. Every call is retried on network
- * errors, timeouts and 502/503/504 (all of them are safe to repeat: starts
- * and imports carry an Idempotency-Key), and every failure is a
+ * errors, timeouts and 502/503/504 (all of them are safe to repeat: starts,
+ * imports and forks carry an Idempotency-Key), and every failure is a
  * `TurnstoreError`, except a cancellation through `CallOptions.signal`, which
  * throws the signal's reason.
  */
@@ -256,11 +318,38 @@ export class TurnstoreClient {
     answer: string | FinalAnswer,
     call?: CallOptions,
   ): Promise<FinalizeTurnResponse> {
-    const body: FinalizeTurnBody =
-      typeof answer === "string" ? { final_answer: answer } : { final_answer: answer.finalAnswer };
-    if (typeof answer !== "string" && answer.finalAnswerEn !== undefined) body.final_answer_en = answer.finalAnswerEn;
+    const body: FinalizeTurnBody = answerBody(answer);
     const { data, response } = await this.#send("POST finalize", call, (signal, headers) =>
       this.#api.POST("/v1/sessions/{session_id}/turns/{turn_id}/finalize", {
+        params: { path: { session_id: sessionId, turn_id: turnId } },
+        body,
+        headers,
+        signal,
+      }),
+    );
+    return required(data, response);
+  }
+
+  /**
+   * Replaces the answer of a finalized turn (a chat UI's "regenerate"): a
+   * string, or `{ finalAnswer, finalAnswerEn }` (the new answer's English
+   * copy; without one the turn has none). The turn keeps its `seq`, its
+   * question and the question's English copy; its `finalized_at` becomes now.
+   * A turn the session's summary covers is a 409 `turn_summarized` (`detail`
+   * says through which seq: delete the summary, or write one that covers less,
+   * first), a pending one a 409 `turn_pending`, an unknown one a 404
+   * `turn_not_found`; nothing is written then. Retried like a finalize: the
+   * same answer again replaces the answer with itself.
+   */
+  async regenerateTurn(
+    sessionId: string,
+    turnId: string,
+    answer: string | FinalAnswer,
+    call?: CallOptions,
+  ): Promise<RegenerateTurnResponse> {
+    const body: RegenerateTurnBody = answerBody(answer);
+    const { data, response } = await this.#send("POST regenerate", call, (signal, headers) =>
+      this.#api.POST("/v1/sessions/{session_id}/turns/{turn_id}/regenerate", {
         params: { path: { session_id: sessionId, turn_id: turnId } },
         body,
         headers,
@@ -285,7 +374,7 @@ export class TurnstoreClient {
           headers,
           signal,
         }),
-      (error) => error.status === 404 && error.code === "turn_not_found",
+      { acceptOnRetry: (error) => error.status === 404 && error.code === "turn_not_found" },
     );
   }
 
@@ -444,11 +533,28 @@ export class TurnstoreClient {
 
   /**
    * Appends a transcript made elsewhere as finalized turns (`POST
-   * .../import`), all or nothing. Safe to retry: the call sends one
+   * .../import`), all or nothing: user and assistant messages in pairs
+   * (`strict`, the default), or with `mode: "distill"` an agent loop's
+   * OpenAI or Anthropic messages, each exchange kept as its question and
+   * final answer; system, tool and thinking content, tool calls, refusals
+   * and parts that are not text are dropped, and the result's `dropped`
+   * reports them by reason. Safe to retry: the call sends one
    * Idempotency-Key on all its attempts, so a retry after a lost reply
-   * returns the first import's result with `replayed: true`. Invalid
-   * messages are a 422 whose `errors` name them (`messages[3].role`).
+   * returns the first import's result (and report) with `replayed: true`.
+   * Invalid messages are a 422 whose `errors` name them (`messages[3].role`).
    */
+  async importMessages<M extends TranscriptMessage>(
+    sessionId: string,
+    input: DistillImportInput<M>,
+    options?: ImportOptions,
+    call?: CallOptions,
+  ): Promise<DistilledImportResult>;
+  async importMessages<M extends TranscriptMessage>(
+    sessionId: string,
+    input: ImportInput<M>,
+    options?: ImportOptions,
+    call?: CallOptions,
+  ): Promise<ImportResult>;
   async importMessages(
     sessionId: string,
     input: ImportInput,
@@ -458,6 +564,8 @@ export class TurnstoreClient {
     const idempotencyKey = options?.idempotencyKey ?? crypto.randomUUID();
     const body: ImportBody = { messages: [...input.messages] };
     if (input.userId !== undefined) body.user_id = input.userId;
+    // Sent only when given: a strict import's body is what it was before modes.
+    if (input.mode !== undefined) body.mode = input.mode;
     const { data, response } = await this.#send("POST import", call, (signal, headers) =>
       this.#api.POST("/v1/sessions/{session_id}/import", {
         params: { path: { session_id: sessionId }, header: { "Idempotency-Key": idempotencyKey } },
@@ -465,6 +573,60 @@ export class TurnstoreClient {
         headers,
         signal,
       }),
+    );
+    return {
+      ...required(data, response),
+      replayed: response.headers.get("idempotent-replayed") === "true",
+    };
+  }
+
+  /**
+   * Makes `input.newSessionId` a branch of the conversation (`POST
+   * .../fork`): a new session of this one's finalized turns with `seq <=
+   * throughSeq` (default: through the newest), as they are (seqs, turn ids,
+   * texts, English copies, times), with the session's summary when it covers
+   * no later turn (`summary: true`), and its owner (or, for an unowned
+   * session, `userId`). The fork's next start takes `through_seq + 1`; the
+   * source does not change. A chat UI's "edit question N" is a fork through
+   * N − 1, then a start in the fork (its "regenerate" is `regenerateTurn`).
+   * Errors: 404 `session_not_found` (unknown or expired source), 403
+   * `session_owner_mismatch`, 409 `session_exists` (the new id is taken),
+   * 422 `validation_failed` (`through_seq`, `new_session_id`) or
+   * `idempotency_key_reused`.
+   *
+   * Safe to retry: the call sends one Idempotency-Key on all its attempts,
+   * so a retry after a lost reply returns the first fork's result with
+   * `replayed: true` (even once the source is gone), not a 409 for the
+   * session it made. A 409 `session_exists` *with* `Retry-After` is retried
+   * too, after that wait (within the policy, as a 503 is): the server
+   * answers so while another attempt of a fork into that id may still be
+   * writing, likeliest this call's own attempt cut off by a timeout, and the
+   * retry with the same key gets that fork once it is done, or (5 s after
+   * the stopped attempt's last write) takes over and completes it. A plain
+   * 409 (the id is taken; no `Retry-After`) is thrown at once.
+   */
+  async forkSession(
+    sessionId: string,
+    input: ForkInput,
+    options?: ForkOptions,
+    call?: CallOptions,
+  ): Promise<ForkResult> {
+    const idempotencyKey = options?.idempotencyKey ?? crypto.randomUUID();
+    const body: ForkBody = { new_session_id: input.newSessionId };
+    // Sent only when given: absent, the server's defaults.
+    if (input.throughSeq !== undefined) body.through_seq = input.throughSeq;
+    if (input.userId !== undefined) body.user_id = input.userId;
+    const { data, response } = await this.#send(
+      "POST fork",
+      call,
+      (signal, headers) =>
+        this.#api.POST("/v1/sessions/{session_id}/fork", {
+          params: { path: { session_id: sessionId }, header: { "Idempotency-Key": idempotencyKey } },
+          body,
+          headers,
+          signal,
+        }),
+      { retryAlso: forkUnderWay },
     );
     return {
       ...required(data, response),
@@ -485,8 +647,33 @@ export class TurnstoreClient {
    * status and each wait for more data, not the whole export; stopping the
    * iteration early closes the connection.
    */
-  async *exportUser(userId: string, call?: CallOptions): AsyncGenerator<ExportedSession, void, undefined> {
-    const label = `GET /v1/users/${userId}/export`;
+  exportUser(userId: string, call?: CallOptions): AsyncGenerator<ExportedSession, void, undefined> {
+    return this.#export(userId, undefined, SESSION_LINES, call);
+  }
+
+  /**
+   * The export of `exportUser`, with each session's turns as a chat
+   * transcript (`?format=messages`): `{ session_id, created_at,
+   * last_active_at, summary?, messages }`, the messages a user and an
+   * assistant `{ role, content, timestamp }` a turn, oldest first (the
+   * question at the turn's `started_at`, the answer at its `finalized_at`;
+   * the originals, not the English copies). Imported with `mode: "distill"`,
+   * a transcript's `messages` make the same turns at the same times.
+   * Streamed, retried and cut exactly as `exportUser`.
+   */
+  exportTranscripts(userId: string, call?: CallOptions): AsyncGenerator<ExportedTranscript, void, undefined> {
+    return this.#export(userId, "messages", TRANSCRIPT_LINES, call);
+  }
+
+  async *#export<T>(
+    userId: string,
+    format: "messages" | undefined,
+    kind: ExportLineKind<T>,
+    call?: CallOptions,
+  ): AsyncGenerator<T, void, undefined> {
+    const label = `GET /v1/users/${userId}/export${format === undefined ? "" : `?format=${format}`}`;
+    // Sent only for transcripts: an export of sessions is the request it was.
+    const query = format === undefined ? {} : { query: { format } };
     // Each attempt gets its own controller: the attempt's timeout bounds the
     // wait for the status, and must not abort the body that follows it.
     let connection: AbortController | undefined;
@@ -498,7 +685,7 @@ export class TurnstoreClient {
       signal.addEventListener("abort", forward, { once: true });
       try {
         return await this.#api.GET("/v1/users/{user_id}/export", {
-          params: { path: { user_id: userId } },
+          params: { path: { user_id: userId }, ...query },
           headers: { ...headers, Accept: "application/x-ndjson" },
           parseAs: "stream",
           signal: controller.signal,
@@ -520,7 +707,7 @@ export class TurnstoreClient {
     call?.signal?.addEventListener("abort", onCallerAbort, { once: true });
     if (call?.signal?.aborted) onCallerAbort();
     try {
-      yield* exportedSessions(data, {
+      yield* exportedLines(data, kind, {
         response,
         label,
         idleTimeoutMs: this.#policy.timeoutMs,
@@ -644,7 +831,7 @@ export class TurnstoreClient {
     label: string,
     call: CallOptions | undefined,
     attempt: (signal: AbortSignal, headers: Record<string, string>) => Promise<AttemptResult<D>>,
-    acceptOnRetry?: (error: TurnstoreError) => boolean,
+    errors: Pick<SendOptions<D>, "acceptOnRetry" | "retryAlso"> = {},
   ): Promise<Delivered<D>> {
     const headers: Record<string, string> = {};
     if (call?.requestId !== undefined) headers["x-request-id"] = call.requestId;
@@ -653,9 +840,26 @@ export class TurnstoreClient {
       label,
       signal: call?.signal,
       attempt: (signal) => attempt(signal, headers),
-      ...(acceptOnRetry && { acceptOnRetry }),
+      ...errors,
     });
   }
+}
+
+/**
+ * A fork's 409 `session_exists` that says when to try again: an attempt of a
+ * fork into the new id may still be writing (without `Retry-After`, the id is
+ * simply taken).
+ */
+function forkUnderWay(error: TurnstoreError): boolean {
+  return error.status === 409 && error.code === "session_exists" && error.retryAfter !== undefined;
+}
+
+/** The body of a finalize or a regenerate. */
+function answerBody(answer: string | FinalAnswer): FinalizeTurnBody {
+  if (typeof answer === "string") return { final_answer: answer };
+  const body: FinalizeTurnBody = { final_answer: answer.finalAnswer };
+  if (answer.finalAnswerEn !== undefined) body.final_answer_en = answer.finalAnswerEn;
+  return body;
 }
 
 function required<D>(data: D | undefined, response: Response): D {

@@ -60,7 +60,8 @@ export class TurnstoreError extends Error {
   readonly errors: readonly FieldError[];
   /** The response's `x-request-id`, to find the request in the server's logs. */
   readonly requestId: string | undefined;
-  /** Seconds from `Retry-After` (a 429 `too_many_pending_turns`). */
+  /** Seconds from `Retry-After` (a 429 `too_many_pending_turns`, a 503, or a fork's 409
+   * `session_exists` while another fork into the id is under way). */
   readonly retryAfter: number | undefined;
   /** Attempts made, retries included. */
   readonly attempts: number;

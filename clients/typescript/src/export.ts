@@ -1,8 +1,29 @@
 // Reading a user's export (`GET /v1/users/{id}/export`): NDJSON, one session
-// a line, split as the bytes arrive so that memory holds one line and one
-// chunk, never the whole body.
+// a line (with its turns, or with `format=messages` as a transcript), split
+// as the bytes arrive so that memory holds one line and one chunk, never the
+// whole body.
 import { TurnstoreError } from "./errors.js";
-import type { ExportedSession } from "./types.js";
+import type { ExportedSession, ExportedTranscript } from "./types.js";
+
+/** What a line of an export holds, and how to recognise one. */
+export interface ExportLineKind<T> {
+  /** Whether a parsed line is one (a shallow check, for an answer off the contract). */
+  is: (value: unknown) => value is T;
+  /** Named in the error of a line that is not one. */
+  what: string;
+}
+
+/** A line of an export of sessions (the default format, `turns`). */
+export const SESSION_LINES: ExportLineKind<ExportedSession> = {
+  is: (value): value is ExportedSession => hasArray(value, "turns"),
+  what: "a session (session_id, turns)",
+};
+
+/** A line of an export of transcripts (`format=messages`). */
+export const TRANSCRIPT_LINES: ExportLineKind<ExportedTranscript> = {
+  is: (value): value is ExportedTranscript => hasArray(value, "messages"),
+  what: "a transcript (session_id, messages)",
+};
 
 export interface ExportStreamOptions {
   /** The export's response (status 200), for the errors' request id. */
@@ -23,15 +44,17 @@ class IdleTimeout extends Error {
 }
 
 /**
- * Yields the sessions of an export body one line at a time. Ends only when
- * the body ends right after a line's newline; a body that ends inside a line
- * (the server's cut) or breaks (a reset connection) throws a TurnstoreError
- * `export_incomplete`, after the whole lines before it were yielded.
+ * Yields the sessions of an export body one line at a time, each checked to
+ * be a `kind`. Ends only when the body ends right after a line's newline; a
+ * body that ends inside a line (the server's cut) or breaks (a reset
+ * connection) throws a TurnstoreError `export_incomplete`, after the whole
+ * lines before it were yielded.
  */
-export async function* exportedSessions(
+export async function* exportedLines<T>(
   body: ReadableStream<Uint8Array>,
+  kind: ExportLineKind<T>,
   options: ExportStreamOptions,
-): AsyncGenerator<ExportedSession, void, undefined> {
+): AsyncGenerator<T, void, undefined> {
   const reader = body.getReader();
   // fatal: a broken UTF-8 sequence is a broken export, not U+FFFD in a turn.
   const decoder = new TextDecoder("utf-8", { fatal: true });
@@ -54,7 +77,7 @@ export async function* exportedSessions(
         if (line.trim() === "") continue;
         // Lines of a chunk already read must not outlive a cancellation.
         options.signal?.throwIfAborted();
-        yield parseLine(line, options, yielded);
+        yield parseLine(line, kind, options, yielded);
         yielded += 1;
       }
       if (start < text.length) pieces.push(text.slice(start));
@@ -114,23 +137,24 @@ function decode(
   }
 }
 
-function parseLine(line: string, options: ExportStreamOptions, yielded: number): ExportedSession {
+function parseLine<T>(line: string, kind: ExportLineKind<T>, options: ExportStreamOptions, yielded: number): T {
   let value: unknown;
   try {
     value = JSON.parse(line);
   } catch (error) {
     throw unexpected(options, yielded, "a line that is not JSON", error);
   }
-  if (!isExportedSession(value)) {
-    throw unexpected(options, yielded, "a line that is not a session (session_id, turns)");
+  if (!kind.is(value)) {
+    throw unexpected(options, yielded, `a line that is not ${kind.what}`);
   }
   return value;
 }
 
-function isExportedSession(value: unknown): value is ExportedSession {
+/** An object with a string `session_id` and an array `field`. */
+function hasArray(value: unknown, field: "turns" | "messages"): boolean {
   if (typeof value !== "object" || value === null) return false;
   const v = value as Record<string, unknown>;
-  return typeof v["session_id"] === "string" && Array.isArray(v["turns"]);
+  return typeof v["session_id"] === "string" && Array.isArray(v[field]);
 }
 
 /** "terminated (other side closed)": undici's message and its cause's. */

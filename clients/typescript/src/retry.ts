@@ -16,7 +16,8 @@ export interface RetryPolicy {
  * turnstore answers 503 for `store_unavailable`, `request_timeout` and
  * `overloaded`; a load balancer answers 502/504 when an instance died. Every
  * other status is a verdict on the request itself, so a retry would get the
- * same answer.
+ * same answer (but for what an operation's `retryAlso` names: a fork told
+ * to come back after `Retry-After`).
  */
 const RETRYABLE_STATUSES: ReadonlySet<number> = new Set([502, 503, 504]);
 
@@ -45,12 +46,20 @@ export interface SendOptions<D> {
    * abort whose retry finds the turn gone).
    */
   acceptOnRetry?: (error: TurnstoreError) => boolean;
+  /**
+   * Lets an error answer be retried like a 503, for operations that know it
+   * is transient: a fork's 409 `session_exists` with `Retry-After` (another
+   * attempt of a fork into that id, likeliest this call's own, is still
+   * writing). The wait honours its `Retry-After` as a 503's does.
+   */
+  retryAlso?: (error: TurnstoreError) => boolean;
 }
 
 /**
  * Runs `attempt` until it gets a 2xx, a non-retryable error, or the policy's
  * retries run out. Only use it for requests that are safe to repeat: reads,
- * deletes, finalize with one answer, and starts carrying an Idempotency-Key.
+ * deletes, finalize with one answer, and starts, imports and forks carrying
+ * an Idempotency-Key.
  */
 export async function sendWithRetries<D>(options: SendOptions<D>): Promise<Delivered<D>> {
   const { policy, signal, label } = options;
@@ -68,7 +77,7 @@ export async function sendWithRetries<D>(options: SendOptions<D>): Promise<Deliv
       if (attempt > 0 && options.acceptOnRetry?.(failure)) {
         return { data: undefined, response: result.response };
       }
-      retryable = RETRYABLE_STATUSES.has(failure.status);
+      retryable = RETRYABLE_STATUSES.has(failure.status) || (options.retryAlso?.(failure) ?? false);
       retryAfterMs = failure.retryAfter === undefined ? undefined : failure.retryAfter * 1000;
     } catch (error) {
       // The caller gave up: surface their reason, as fetch itself would.

@@ -48,6 +48,56 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/turns/{turn_id}/regenerate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Regenerate a turn's answer
+         * @description Replaces the answer of a finalized turn (a chat UI's "regenerate"),
+         *     keeping its seq, its question and the question's English copy; the old
+         *     answer (and its English copy) is not kept. Any finalized turn the
+         *     summary does not cover: a covered one is a 409 `turn_summarized`, a
+         *     pending one a 409 `turn_pending`. The answer follows a finalize's rules
+         *     (limits, counts, `final_answer_en`); `finalized_at` becomes now, and the
+         *     session's TTL slides.
+         */
+        post: operations["regenerate_turn"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork a session
+         * @description Makes a new session of this one's finalized turns up to `through_seq`
+         *     (same seqs, texts, English copies and times), with its summary when
+         *     that covers no later turn, and its owner. A reader sees the new session
+         *     whole or not at all. Retry-safe with an `Idempotency-Key`, which also
+         *     lets a retry complete a fork that stopped half way.
+         */
+        post: operations["fork"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/turns/{turn_id}": {
         parameters: {
             query?: never;
@@ -159,10 +209,12 @@ export interface paths {
         put?: never;
         /**
          * Import a transcript
-         * @description Appends a chat transcript made elsewhere as finalized turns: each user
-         *     message and the assistant message after it become one turn, with the
-         *     next seqs. All or nothing: any invalid message (named by its index) and
-         *     nothing is written. Retry-safe with an `Idempotency-Key`.
+         * @description Appends a chat transcript made elsewhere as finalized turns, with the
+         *     next seqs: each user message and the assistant message after it
+         *     (`strict`), or each exchange of an agent loop's messages, its
+         *     question and final answer (`mode: "distill"`; the response says what
+         *     was dropped). All or nothing: any invalid message (named by its index)
+         *     and nothing is written. Retry-safe with an `Idempotency-Key`.
          */
         post: operations["import"];
         delete?: never;
@@ -378,6 +430,41 @@ export interface components {
          */
         CacheType: "ephemeral";
         /**
+         * @description A part of a message (`distill`): `text` parts (also `input_text`,
+         *     `output_text`) are kept; `image_url`, `image`, `tool_use`,
+         *     `tool_result`, `thinking`, `refusal` and any other are dropped.
+         */
+        ContentPart: {
+            type: string;
+            /** @description A text part's text. */
+            text?: string | null;
+        };
+        /**
+         * @description Messages (or parts of them) a distilled import dropped for one reason.
+         * @example {
+         *       "reason": "tool_call",
+         *       "count": 2,
+         *       "first_indexes": [
+         *         3,
+         *         7
+         *       ]
+         *     }
+         */
+        DroppedReport: {
+            /**
+             * @description Why a message, or a part of one, was not kept.
+             * @enum {string}
+             */
+            reason: "instructions" | "tool_result" | "tool_call" | "thinking" | "refusal" | "non_text" | "superseded" | "unanswered";
+            /**
+             * Format: int64
+             * @description How many (a message with two image parts counts twice).
+             */
+            count: number;
+            /** @description The indexes in `messages` of the first five. */
+            first_indexes: number[];
+        };
+        /**
          * @description An encoding, by its name: tiktoken's, built in; on a server with
          *     `TURNSTORE_TOKENIZERS_DIR`, also the tokenizers it loaded (its
          *     document lists them).
@@ -405,6 +492,18 @@ export interface components {
              */
             complete: boolean;
         };
+        /** @description A message of an exported transcript. */
+        ExportedMessage: {
+            role: components["schemas"]["ExportedRole"];
+            content: string;
+            /**
+             * Format: date-time
+             * @description The turn's `started_at` (a question) or `finalized_at` (an answer).
+             */
+            timestamp: string;
+        };
+        /** @enum {string} */
+        ExportedRole: "user" | "assistant";
         /**
          * @description One line of an export: a session and its turns, oldest first.
          * @example {
@@ -434,6 +533,21 @@ export interface components {
             summary?: components["schemas"]["Summary"];
             /** @description Every finalized turn, oldest first (pending turns are not exported). */
             turns: components["schemas"]["Turn"][];
+        };
+        /**
+         * @description One line of a `format=messages` export: a session and its turns as a
+         *     chat transcript, oldest first.
+         */
+        ExportedTranscript: {
+            session_id: components["schemas"]["SessionId"];
+            /** Format: date-time */
+            created_at: string;
+            /** Format: date-time */
+            last_active_at: string;
+            /** @description The session's summary, when it has one. */
+            summary?: components["schemas"]["Summary"];
+            /** @description Two a finalized turn: its question, then its answer. */
+            messages: components["schemas"]["ExportedMessage"][];
         };
         /** @description One invalid input. */
         FieldError: {
@@ -481,6 +595,63 @@ export interface components {
         FinalizeTurnResponse: {
             session_id: components["schemas"]["SessionId"];
             turn: components["schemas"]["Turn"];
+        };
+        /**
+         * @description A fork of the session.
+         * @example {
+         *       "new_session_id": "chat-42-b",
+         *       "through_seq": 6,
+         *       "user_id": "alice"
+         *     }
+         */
+        ForkRequest: {
+            /**
+             * @description The new session's id; no live session may have it (409
+             *     `session_exists`).
+             */
+            new_session_id: components["schemas"]["SessionId"];
+            /**
+             * Format: int64
+             * @description The newest seq the fork copies (its finalized turns up to it);
+             *     absent: the newest finalized turn's. The next start in the fork
+             *     takes the seq after it.
+             */
+            through_seq?: number | null;
+            /**
+             * @description As in a start: another owner's session is a 403; the fork belongs
+             *     to the session's owner, or, when it has none, to this user. `""`
+             *     counts as absent.
+             */
+            user_id?: string | null;
+        };
+        /**
+         * @example {
+         *       "session_id": "chat-42-b",
+         *       "forked_from": "chat-42",
+         *       "user_id": "alice",
+         *       "through_seq": 6,
+         *       "copied_turns": 6,
+         *       "summary": true
+         *     }
+         */
+        ForkResponse: {
+            /** @description The new session. */
+            session_id: components["schemas"]["SessionId"];
+            forked_from: components["schemas"]["SessionId"];
+            user_id: components["schemas"]["UserId"] | null;
+            /** Format: int64 */
+            through_seq: number;
+            /**
+             * Format: int64
+             * @description The finalized turns copied (those the session kept up to
+             *     `through_seq`; pending turns are not copied).
+             */
+            copied_turns: number;
+            /**
+             * @description The session's summary came along (it covered no turn past
+             *     `through_seq`).
+             */
+            summary: boolean;
         };
         /**
          * @description How a history is returned: `text` (the rendering), `messages` (chat
@@ -700,15 +871,11 @@ export interface components {
          * @example start-7f3e9c1a
          */
         IdempotencyKey: string;
-        ImportMessage: {
-            /** @description `user` or `assistant`; other roles (`system`, `tool`) are refused. */
-            role: components["schemas"]["TranscriptRole"];
-            /**
-             * @description Not empty; at most `TURNSTORE_MAX_QUERY_BYTES` (a question) or
-             *     `TURNSTORE_MAX_ANSWER_BYTES` (an answer) bytes of UTF-8 (413).
-             */
-            content: string;
-        };
+        /**
+         * @description How an import reads its messages.
+         * @enum {string}
+         */
+        ImportMode: "strict" | "distill";
         /**
          * @description A transcript to append to the session.
          * @example {
@@ -739,11 +906,16 @@ export interface components {
              *     a 403. `""` counts as absent.
              */
             user_id?: string | null;
+            /** @description How the messages are read: `strict` (the default) or `distill`. */
+            mode?: components["schemas"]["ImportMode"];
             /**
-             * @description Oldest first: each user message followed by its assistant message
-             *     becomes one turn. At most `TURNSTORE_MAX_TURNS` pairs.
+             * @description Oldest first. `strict`: each user message followed by its
+             *     assistant message becomes one turn (`{role, content}` with a string
+             *     content and nothing else). `distill`: OpenAI or Anthropic messages as
+             *     an agent loop writes them, each exchange distilled to one turn. At
+             *     most `TURNSTORE_MAX_TURNS` turns.
              */
-            messages: components["schemas"]["ImportMessage"][];
+            messages: components["schemas"]["TranscriptMessage"][];
         };
         /**
          * @example {
@@ -766,6 +938,11 @@ export interface components {
             first_seq: number;
             /** Format: int64 */
             last_seq: number;
+            /**
+             * @description `distill` only: what the transcript held that was not imported, a
+             *     reason at a time (none: `[]`).
+             */
+            dropped?: components["schemas"]["DroppedReport"][];
         };
         /**
          * @description The language of a rendering: `en` for the English copies.
@@ -826,7 +1003,7 @@ export interface components {
          *     (one place: the responses and the OpenAPI document both read them here).
          * @enum {string}
          */
-        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error" | "too_many_exports" | "unknown_model";
+        ProblemCode: "validation_failed" | "payload_too_large" | "unauthorized" | "session_owner_mismatch" | "session_not_found" | "turn_not_found" | "turn_already_finalized" | "idempotency_key_reused" | "too_many_pending_turns" | "store_unavailable" | "internal" | "not_found" | "method_not_allowed" | "not_acceptable" | "request_timeout" | "overloaded" | "summary_conflict" | "summary_not_found" | "template_not_found" | "template_error" | "too_many_exports" | "unknown_model" | "turn_pending" | "turn_summarized" | "session_exists";
         /**
          * @description Writes the session's summary.
          * @example {
@@ -1041,12 +1218,29 @@ export interface components {
             /** @description A prompt-cache breakpoint (`cache_control=true`). */
             cache_control?: components["schemas"]["CacheControl"];
         };
+        /** @description A message's content: its text, or its parts. */
+        TranscriptContent: string | components["schemas"]["ContentPart"][];
         /**
-         * @description The roles a transcript's messages may have. (Read as any string, so
-         *     that every wrong one is named by its index.)
-         * @enum {string}
+         * @description A message of a transcript. (`strict` reads `role` and a string
+         *     `content` only; `distill` reads these fields and ignores others.)
          */
-        TranscriptRole: "user" | "assistant";
+        TranscriptMessage: {
+            /**
+             * @description `strict`: `user` or `assistant`. `distill`: also `system`,
+             *     `developer`, `tool`, `function` (dropped) and `orchestrator` (an
+             *     assistant).
+             */
+            role: string;
+            content?: components["schemas"]["TranscriptContent"] | null;
+            /**
+             * Format: date-time
+             * @description `distill`: when the message was written (RFC 3339 with its zone).
+             *     A turn's `started_at` is its first question's, its `finalized_at`
+             *     its answer's. Given for one question or answer, needed for all; in
+             *     order, and not later than now.
+             */
+            timestamp?: string | null;
+        };
         /**
          * @description A finalized turn.
          * @example {
@@ -1229,6 +1423,15 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"];
             };
         };
+        /** @description `session_exists`: a live session has the id a fork would make: choose another (or clear that one); nothing was written. */
+        SessionExists: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
         /** @description `session_not_found`: no live session has this id (it may have expired or been cleared). */
         SessionNotFound: {
             headers: {
@@ -1316,6 +1519,15 @@ export interface components {
         };
         /** @description `turn_not_found`: no pending or finalized turn has this id in this session (a pending turn may have expired). */
         TurnNotFound: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/problem+json": components["schemas"]["Problem"];
+            };
+        };
+        /** @description `turn_pending`: the turn has no answer yet: finalize it (a regenerate replaces a finalized turn's answer); nothing was written. `turn_summarized`: the session's summary covers this turn, so its answer is part of the summary: delete the summary (or write one that covers less) first; nothing was written. */
+        TurnPendingOrTurnSummarized: {
             headers: {
                 [name: string]: unknown;
             };
@@ -1453,6 +1665,88 @@ export interface operations {
             409: components["responses"]["TurnAlreadyFinalized"];
             413: components["responses"]["PayloadTooLarge"];
             422: components["responses"]["ValidationFailed"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    regenerate_turn: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                session_id: components["schemas"]["SessionId"];
+                /** @description The `turn_id` start_turn returned. */
+                turn_id: components["schemas"]["TurnId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["FinalizeTurnRequest"];
+            };
+        };
+        responses: {
+            /** @description The turn with its new answer */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FinalizeTurnResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            404: components["responses"]["TurnNotFound"];
+            409: components["responses"]["TurnPendingOrTurnSummarized"];
+            413: components["responses"]["PayloadTooLarge"];
+            422: components["responses"]["ValidationFailed"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
+        };
+    };
+    fork: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes a retried fork return what the first made (200, `Idempotent-Replayed: true`), and complete one that stopped; the same key with another body is a 422 `idempotency_key_reused`. The key lives as long as the new session. */
+                "Idempotency-Key"?: components["schemas"]["IdempotencyKey"];
+            };
+            path: {
+                session_id: components["schemas"]["SessionId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description Replay of an earlier fork with the same Idempotency-Key and body */
+            200: {
+                headers: {
+                    /** @description `true` */
+                    "Idempotent-Replayed"?: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkResponse"];
+                };
+            };
+            /** @description Forked */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForkResponse"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["SessionOwnerMismatch"];
+            404: components["responses"]["SessionNotFound"];
+            409: components["responses"]["SessionExists"];
+            422: components["responses"]["ValidationFailedOrIdempotencyKeyReused"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailableOrRequestTimeoutOrOverloaded"];
         };
@@ -1821,7 +2115,15 @@ export interface operations {
     };
     export: {
         parameters: {
-            query?: never;
+            query?: {
+                /**
+                 * @description `turns` (the default) or `messages`: each session's turns as
+                 *     `turns`, or as a transcript in `messages` (`{"role": "user" |
+                 *     "assistant", "content", "timestamp"}`: the question at its
+                 *     `started_at`, the answer at its `finalized_at`).
+                 */
+                format?: "turns" | "messages";
+            };
             header?: never;
             path: {
                 user_id: components["schemas"]["UserId"];
@@ -1830,13 +2132,13 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The user's sessions, one per line. Sent as `application/x-ndjson` whatever the request's `Accept`; `application/octet-stream` describes the same bytes for generators that know no NDJSON (openapi-python-client reads them as a file). */
+            /** @description The user's sessions, one per line: an `ExportedSession` each, or with `format=messages` an `ExportedTranscript`. Sent as `application/x-ndjson` whatever the request's `Accept`; `application/octet-stream` describes the same bytes for generators that know no NDJSON (openapi-python-client reads them as a file). */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/x-ndjson": components["schemas"]["ExportedSession"];
+                    "application/x-ndjson": components["schemas"]["ExportedSession"] | components["schemas"]["ExportedTranscript"];
                     "application/octet-stream": string;
                 };
             };

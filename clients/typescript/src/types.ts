@@ -21,6 +21,7 @@ type NdjsonLine<R> = R extends { content: { "application/x-ndjson": infer T } } 
 
 type StartTurnOp = paths["/v1/turns"]["post"];
 type FinalizeTurnOp = paths["/v1/sessions/{session_id}/turns/{turn_id}/finalize"]["post"];
+type RegenerateTurnOp = paths["/v1/sessions/{session_id}/turns/{turn_id}/regenerate"]["post"];
 type GetHistoryOp = paths["/v1/sessions/{session_id}/history"]["get"];
 type GetSessionOp = paths["/v1/sessions/{session_id}"]["get"];
 type ListUserSessionsOp = paths["/v1/users/{user_id}/sessions"]["get"];
@@ -28,6 +29,7 @@ type EraseUserOp = paths["/v1/users/{user_id}"]["delete"];
 type GetSummaryOp = paths["/v1/sessions/{session_id}/summary"]["get"];
 type PutSummaryOp = paths["/v1/sessions/{session_id}/summary"]["put"];
 type ImportOp = paths["/v1/sessions/{session_id}/import"]["post"];
+type ForkOp = paths["/v1/sessions/{session_id}/fork"]["post"];
 type ExportOp = paths["/v1/users/{user_id}/export"]["get"];
 
 /** The JSON body of `POST /v1/turns`, as sent on the wire. */
@@ -39,6 +41,10 @@ export type FinalizeTurnBody = FinalizeTurnOp["requestBody"]["content"]["applica
 export type FinalizeTurnResponse = JsonBody<FinalizeTurnOp["responses"][200]>;
 /** A finalized turn; `user_query_en` / `final_answer_en` when it has English copies. */
 export type Turn = FinalizeTurnResponse["turn"];
+/** The JSON body of a regenerate (a finalize's), as sent on the wire. */
+export type RegenerateTurnBody = RegenerateTurnOp["requestBody"]["content"]["application/json"];
+/** The reply to a regenerate: the turn with its new answer (a finalize's shape). */
+export type RegenerateTurnResponse = JsonBody<RegenerateTurnOp["responses"][200]>;
 
 /** The query parameters of get_history, as the spec states them, but for
  * `encoding`: one of the built-in encodings the checked-in document lists,
@@ -164,13 +170,59 @@ export type PutSummaryBody = PutSummaryOp["requestBody"]["content"]["application
 
 /** The JSON body of `POST .../import`, as sent on the wire. */
 export type ImportBody = ImportOp["requestBody"]["content"]["application/json"];
-/** One message of an imported transcript (`user` or `assistant`). */
-export type ImportMessage = ImportBody["messages"][number];
+/** How an import reads its messages: `strict` (the default) or `distill`. */
+export type ImportMode = NonNullable<ImportBody["mode"]>;
+/**
+ * A message of a transcript as the spec states it, what a `distill` import
+ * reads: any `role` (`system`, `developer`, `tool`, `function` are dropped,
+ * `orchestrator` is an assistant), a `content` that is a string, an array
+ * of parts or `null`, and an optional `timestamp` (RFC 3339 with its zone).
+ * The server ignores the other fields agent loops write (`tool_calls`,
+ * `refusal`, `name`, …).
+ */
+export type TranscriptMessage = ImportBody["messages"][number];
+/** A part of a message's content: `text` parts are kept, any other `type` is dropped. */
+export type TranscriptContentPart = Extract<NonNullable<TranscriptMessage["content"]>, readonly unknown[]>[number];
+/**
+ * One message of a `strict` import: a `user` message, or the `assistant`
+ * message that answers it, with its text. (The spec reads any role, so that
+ * the server can name every wrong one by its index; a strict import refuses
+ * all but these two, and any other field.)
+ */
+export type ImportMessage = { role: "user" | "assistant"; content: string };
 /** The reply to an import (201, or 200 for a replay). */
 export type ImportResponse = JsonBody<ImportOp["responses"][201]>;
+/** What a `distill` import dropped for one reason: how many, and the indexes of the first five. */
+export type DroppedReport = NonNullable<ImportResponse["dropped"]>[number];
+/** Why a `distill` import dropped a message, or a part of one. */
+export type DroppedReason = DroppedReport["reason"];
 
+/** The JSON body of `POST .../fork`, as sent on the wire. */
+export type ForkBody = ForkOp["requestBody"]["content"]["application/json"];
+/**
+ * The reply to a fork (201, or 200 for a replay): the new session
+ * (`session_id`), the session it was forked from, its owner (`null`: none),
+ * the seq it copied through, the finalized turns copied, and whether the
+ * summary came along.
+ */
+export type ForkResponse = JsonBody<ForkOp["responses"][201]>;
+
+/** A line of a user's export, of either format. */
+type ExportLine = NdjsonLine<ExportOp["responses"][200]>;
 /** One line of a user's export: a session, its summary, its finalized turns oldest first. */
-export type ExportedSession = NdjsonLine<ExportOp["responses"][200]>;
+export type ExportedSession = Extract<ExportLine, { turns: unknown }>;
+/**
+ * One line of a user's export as transcripts (`format=messages`): a session,
+ * its summary, and its finalized turns oldest first as `messages`, a user and
+ * an assistant message each. The messages are an import's: with `mode:
+ * "distill"` they make the same turns at the same times.
+ */
+export type ExportedTranscript = Extract<ExportLine, { messages: unknown }>;
+/**
+ * A message of an exported transcript: a turn's question (`user`, at its
+ * `started_at`) or its answer (`assistant`, at its `finalized_at`).
+ */
+export type ExportedMessage = ExportedTranscript["messages"][number];
 
 export type Session = JsonBody<GetSessionOp["responses"][200]>;
 export type ListUserSessionsOptions = NonNullable<ListUserSessionsOp["parameters"]["query"]>;

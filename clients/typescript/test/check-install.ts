@@ -62,6 +62,8 @@ export async function seqs(sessionId: string): Promise<number[]> {
 const README_EXAMPLES = [
   "A RAG request",
   "Translations",
+  "Regenerating an answer",
+  "Editing a question",
   "Rolling summaries",
   "Templates",
   "Chat templates",

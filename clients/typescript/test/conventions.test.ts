@@ -16,6 +16,7 @@ interface Conventions {
   timeout_seconds: number;
   initial_backoff_seconds: number;
   max_backoff_seconds: number;
+  retried_conflicts: { fork: { status: number; code: string } };
   codes: { no_response: string; no_response_in_time: string; export_cut: string; not_the_contract: string };
 }
 
@@ -94,6 +95,34 @@ describe("the clients' shared conventions (clients/conventions.json)", () => {
     assert.equal(error.code, conventions.codes.no_response);
     assert.equal(calls, conventions.max_retries + 1);
     assert.equal(error.attempts, conventions.max_retries + 1);
+  });
+
+  it("retries a fork told to come back (Retry-After), not a taken id nor another operation", async () => {
+    const busy = conventions.retried_conflicts.fork;
+    const seen: Request[] = [];
+    let retryAfter: string | undefined = "1";
+    const client = new TurnstoreClient({
+      baseUrl: "http://turnstore.test",
+      // Only the waits are shortened: the number of attempts is the default's.
+      retryBaseDelayMs: 1,
+      retryMaxDelayMs: 1,
+      fetch: async (request) => {
+        seen.push(request);
+        const body = { type: "t", title: "t", status: busy.status, detail: "d", code: busy.code };
+        const headers: Record<string, string> = { "content-type": "application/problem+json" };
+        if (retryAfter !== undefined) headers["retry-after"] = retryAfter;
+        return new Response(JSON.stringify(body), { status: busy.status, headers });
+      },
+    });
+    const error = await failure(client.forkSession("s-1", { newSessionId: "s-2" }));
+    assert.deepEqual([error.code, error.retryAfter, error.attempts], [busy.code, 1, conventions.max_retries + 1]);
+    assert.equal(seen.length, conventions.max_retries + 1);
+    assert.equal(new Set(seen.map((r) => r.headers.get("idempotency-key"))).size, 1);
+    seen.length = 0;
+    assert.equal((await failure(client.getSession("s-1"))).attempts, 1);
+    retryAfter = undefined;
+    assert.equal((await failure(client.forkSession("s-1", { newSessionId: "s-2" }))).attempts, 1);
+    assert.equal(seen.length, 2);
   });
 
   it("reports no response in time as timeout", async () => {

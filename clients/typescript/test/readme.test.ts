@@ -1,11 +1,17 @@
-// README.md's rolling-summary loop and import/export example, run as they
-// are written: each ```ts block is transpiled into dist-test/ (where
+// README.md's rolling-summary loop, regenerate, edit (fork), import/export and other
+// examples, run as they are written: each ```ts block is transpiled into dist-test/ (where
 // "turnstore-client" resolves to this package) and imported. check-install
 // type-checks the same blocks as a consumer project would.
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
-import { type ExportedSession, type HistoryOptions, type ImportMessage, TurnstoreClient } from "turnstore-client";
+import {
+  type ExportedSession,
+  type HistoryOptions,
+  type ImportMessage,
+  type TranscriptMessage,
+  TurnstoreClient,
+} from "turnstore-client";
 import ts from "typescript";
 import { id } from "./support/assertions.js";
 import { type RunningTurnstore, startTurnstore } from "./support/processes.js";
@@ -43,6 +49,12 @@ interface ImportExport {
     userId: string,
     messages: ImportMessage[],
   ): ReturnType<TurnstoreClient["importMessages"]>;
+  importAgentRun(
+    turnstore: TurnstoreClient,
+    sessionId: string,
+    messages: TranscriptMessage[],
+  ): Promise<{ turns: number; dropped: Record<string, number> }>;
+  copyUser(turnstore: TurnstoreClient, userId: string, toUserId: string): Promise<string[]>;
   exportUser(turnstore: TurnstoreClient, userId: string, write: (line: string) => Promise<void>): Promise<number>;
 }
 
@@ -200,6 +212,134 @@ describe("README examples against the real server", () => {
           ["question 1", "question 2"],
         );
       }
+    });
+
+    it("imports an agent run's questions and final answers, counting what it dropped", async () => {
+      const example = (await readmeModule("Import and export")) as unknown as ImportExport;
+      const fixture = new URL("../../../tests/fixtures/transcripts/openai_agent_loop.json", import.meta.url);
+      const messages = JSON.parse(readFileSync(fixture, "utf8")) as TranscriptMessage[];
+      const sessionId = id("s");
+      assert.deepEqual(await example.importAgentRun(turnstore, sessionId, messages), {
+        turns: 3,
+        dropped: { instructions: 2, tool_result: 4, tool_call: 2, refusal: 1, non_text: 3, unanswered: 1 },
+      });
+      const history = await turnstore.getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        history.turns.map((t) => t.user_query),
+        ["How do I rotate an API key?", "And if it leaked?\n\nIt was in a public repository.", "Can you show me the key?"],
+      );
+    });
+  });
+
+  describe("Import and export: copyUser", () => {
+    it("copies every conversation with its turns and their times, once however often it runs", async () => {
+      const example = (await readmeModule("Import and export")) as unknown as ImportExport;
+      const from = id("u");
+      const to = id("u");
+      const timed = id("s");
+      await turnstore.importMessages(timed, {
+        mode: "distill",
+        userId: from,
+        messages: [
+          { role: "user", content: "Hello?", timestamp: "2026-11-20T09:00:00Z" },
+          { role: "assistant", content: "Hi.", timestamp: "2026-11-20T09:00:04.250Z" },
+        ],
+      });
+      const live = id("s");
+      await turnstore.importMessages(live, { messages: transcript(2, 5), userId: from });
+      await turnstore.startTurn({ sessionId: id("s"), userId: from, userQuery: "only pending" });
+      const copies = await example.copyUser(turnstore, from, to);
+      assert.deepEqual(new Set(copies), new Set([`${timed}-copy`, `${live}-copy`]));
+      assert.deepEqual(await example.copyUser(turnstore, from, to), copies);
+      const turns = async (sessionId: string) =>
+        (await turnstore.getHistory(sessionId, { format: "turns" })).turns.map((t) => [
+          t.user_query,
+          t.final_answer,
+          t.started_at,
+          t.finalized_at,
+        ]);
+      for (const original of [timed, live]) {
+        assert.deepEqual(await turns(`${original}-copy`), await turns(original));
+      }
+      assert.deepEqual(await turns(`${timed}-copy`), [["Hello?", "Hi.", "2026-11-20T09:00:00.000Z", "2026-11-20T09:00:04.250Z"]]);
+      assert.equal((await turnstore.getSession(`${live}-copy`)).user_id, to);
+    });
+  });
+
+  describe("Regenerating an answer: regenerate", () => {
+    interface Regenerating {
+      regenerate(sessionId: string, turnId: string, question: string): Promise<string | undefined>;
+    }
+    it("replaces an answer in place, and leaves a summarized or pending turn as it is", async () => {
+      const saved = process.env["TURNSTORE_URL"];
+      process.env["TURNSTORE_URL"] = server.baseUrl;
+      let example: Regenerating;
+      try {
+        example = (await readmeModule("Regenerating an answer")) as unknown as Regenerating;
+      } finally {
+        if (saved === undefined) delete process.env["TURNSTORE_URL"];
+        else process.env["TURNSTORE_URL"] = saved;
+      }
+      const sessionId = id("readme-regenerate");
+      await turnstore.importMessages(sessionId, { messages: transcript(2, 5) });
+      const [first, second] = (await turnstore.getHistory(sessionId, { format: "turns" })).turns;
+      assert.ok(first && second);
+      assert.equal(await example.regenerate(sessionId, second.turn_id, "question 2"), "Another answer to: question 2");
+      const history = await turnstore.getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        history.turns.map((t) => [t.seq, t.final_answer]),
+        [
+          [1, first.final_answer],
+          [2, "Another answer to: question 2"],
+        ],
+      );
+      await turnstore.putSummary(sessionId, { summary: "Two questions.", throughSeq: 2 });
+      assert.equal(await example.regenerate(sessionId, first.turn_id, "question 1"), undefined);
+      const pending = await turnstore.startTurn({ sessionId, userQuery: "question 3" });
+      assert.equal(await example.regenerate(sessionId, pending.turn_id, "question 3"), undefined);
+      await assert.rejects(example.regenerate(sessionId, "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a", "q"), /turn_not_found/);
+    });
+  });
+
+  describe("Editing a question: editQuestion", () => {
+    interface Editing {
+      editQuestion(sessionId: string, seq: number, question: string, branchId: string): Promise<number>;
+    }
+    it("branches with the turns before the question, then asks the edited one there; the original stays", async () => {
+      const saved = process.env["TURNSTORE_URL"];
+      process.env["TURNSTORE_URL"] = server.baseUrl;
+      let example: Editing;
+      try {
+        example = (await readmeModule("Editing a question")) as unknown as Editing;
+      } finally {
+        if (saved === undefined) delete process.env["TURNSTORE_URL"];
+        else process.env["TURNSTORE_URL"] = saved;
+      }
+      const sessionId = id("readme-edit");
+      await turnstore.importMessages(sessionId, { messages: transcript(3, 5) });
+      const original = (await turnstore.getHistory(sessionId, { format: "turns" })).turns;
+      const branch = id("readme-edit");
+      assert.equal(await example.editQuestion(sessionId, 2, "question 2, edited", branch), 2);
+      const edited = (await turnstore.getHistory(branch, { format: "turns" })).turns;
+      assert.deepEqual(edited[0], original[0]);
+      assert.deepEqual(
+        edited.map((t) => [t.seq, t.user_query, t.final_answer]),
+        [
+          [1, "question 1", original[0]?.final_answer],
+          [2, "question 2, edited", "An answer to: question 2, edited"],
+        ],
+      );
+      assert.deepEqual((await turnstore.getHistory(sessionId, { format: "turns" })).turns, original);
+      // The first question: a branch of its own, nothing copied.
+      const fresh = id("readme-edit");
+      assert.equal(await example.editQuestion(sessionId, 1, "question 1, edited", fresh), 1);
+      assert.deepEqual(
+        (await turnstore.getHistory(fresh, { format: "turns" })).turns.map((t) => t.user_query),
+        ["question 1, edited"],
+      );
+      // A branch id that is taken: nothing is written to it.
+      await assert.rejects(example.editQuestion(sessionId, 3, "question 3, edited", branch), /session_exists/);
+      assert.equal((await turnstore.getSession(branch)).turn_count, 2);
     });
   });
 

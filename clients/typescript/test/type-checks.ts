@@ -6,13 +6,24 @@ import {
   type AnthropicHistory,
   type AnthropicRequest,
   type Breakpoint,
+  type DistilledImportResult,
+  type DroppedReason,
+  type DroppedReport,
+  type ExportedMessage,
   type ExportedSession,
+  type ExportedTranscript,
+  type FinalizeTurnResponse,
+  type ForkBody,
+  type ForkResponse,
+  type ForkResult,
   type HistoryFormat,
   type HistoryResponse,
   type HistoryWindow,
+  type ImportMode,
   type ImportResult,
   type JsonMediaType,
   type Summary,
+  type TranscriptMessage,
   TurnstoreClient,
   TurnstoreError,
   type Unsummarized,
@@ -190,6 +201,25 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   // @ts-expect-error the wire name is not the client's
   await client.putSummary("s", { summary: "x", throughSeq: 2, expected_generation: "g" });
 
+  // Fork: the client's names in, the wire's out, with `replayed`.
+  const forked: ForkResult = await client.forkSession(
+    "s",
+    { newSessionId: "s2", throughSeq: 3, userId: "u" },
+    { idempotencyKey: "k" },
+  );
+  const forkFields: Equals<Omit<ForkResult, "replayed">, ForkResponse> = true;
+  const forkOwner: Equals<typeof forked.user_id, string | null> = true;
+  const forkSummary: boolean = forked.summary;
+  const forkBody: ForkBody = { new_session_id: "s2", through_seq: 3 };
+  void [forkFields, forkOwner, forkSummary, forked.replayed, forkBody];
+  await client.forkSession("s", { newSessionId: "s2" });
+  // @ts-expect-error the new session's id is required
+  await client.forkSession("s", { throughSeq: 3 });
+  // @ts-expect-error the wire name is not the client's
+  await client.forkSession("s", { newSessionId: "s2", through_seq: 3 });
+  // @ts-expect-error a seq is a number
+  await client.forkSession("s", { newSessionId: "s2", throughSeq: "3" });
+
   // Import: user and assistant messages only.
   const imported: ImportResult = await client.importMessages(
     "s",
@@ -198,9 +228,49 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
   );
   const replayed: boolean = imported.replayed;
   const lastSeq: number = imported.last_seq;
-  void [replayed, lastSeq];
+  const strictDropped: Equals<typeof imported.dropped, DroppedReport[] | undefined> = true;
+  void [replayed, lastSeq, strictDropped];
   // @ts-expect-error a transcript has no system messages
   await client.importMessages("s", { messages: [{ role: "system", content: "x" }] });
+  // @ts-expect-error nor does a strict one, its mode named
+  await client.importMessages("s", { mode: "strict", messages: [{ role: "tool", content: "x" }] });
+  // @ts-expect-error a strict message's content is a string
+  await client.importMessages("s", { messages: [{ role: "user", content: [{ type: "text", text: "q" }] }] });
+
+  // A distilled import takes an agent loop's messages as the SDKs type them,
+  // and its result always has `dropped`.
+  const loop: OpenAI.Chat.Completions.ChatCompletionMessageParam[] = [];
+  const distilled: DistilledImportResult = await client.importMessages("s", { mode: "distill", messages: loop });
+  const dropped: DroppedReport[] = distilled.dropped;
+  const reasons: DroppedReason[] = dropped.map((d) => d.reason);
+  void reasons;
+  // Fields the server ignores (tool calls, names, refusals) are welcome in literals too.
+  await client.importMessages("s", {
+    mode: "distill",
+    messages: [
+      { role: "system", content: "Be brief." },
+      { role: "user", name: "alice", content: [{ type: "text", text: "q" }, { type: "image_url", image_url: { url: "u" } }] },
+      { role: "assistant", content: null, tool_calls: [{ id: "c", type: "function", function: { name: "f", arguments: "{}" } }] },
+      { role: "tool", tool_call_id: "c", content: "r", timestamp: "2026-11-20T09:00:00Z" },
+      { role: "assistant", content: [{ type: "thinking", thinking: "t", signature: "s" }, { type: "text", text: "a" }] },
+    ],
+  });
+  const fromOpenAI: TranscriptMessage[] = loop;
+  void fromOpenAI;
+  const transcript: TranscriptMessage[] = [{ role: "orchestrator", content: "a" }];
+  await client.importMessages("s", { mode: "distill", messages: transcript, userId: "u" });
+  const someMode = "distill" as ImportMode;
+  const either = await client.importMessages("s", { mode: someMode, messages: [{ role: "user", content: "q" }] });
+  const eitherDropped: Equals<typeof either.dropped, DroppedReport[] | undefined> = true;
+  void eitherDropped;
+  // @ts-expect-error a content is a string, parts or null
+  await client.importMessages("s", { mode: "distill", messages: [{ role: "user", content: 42 }] });
+  // @ts-expect-error every message has a role
+  await client.importMessages("s", { mode: "distill", messages: [{ content: "q" }] });
+  // @ts-expect-error the modes are strict and distill
+  await client.importMessages("s", { mode: "fuzzy", messages: [{ role: "user", content: "q" }] });
+  // @ts-expect-error the wire name is not the client's
+  await client.importMessages("s", { mode: "distill", messages: transcript, user_id: "u" });
 
   // Export: an async iterable of sessions, cancellable.
   const exported: AsyncIterable<ExportedSession> = client.exportUser("u", { signal: AbortSignal.timeout(1_000) });
@@ -208,7 +278,36 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
     const turns: number = session.turns.length;
     const summary: string | undefined = session.summary?.summary;
     void [turns, summary];
+    // @ts-expect-error an exported session has turns, not messages
+    void session.messages;
   }
+  // The spec's export line is either; each method yields its own.
+  type ExportLine = paths["/v1/users/{user_id}/export"]["get"]["responses"][200]["content"]["application/x-ndjson"];
+  const eitherLine: Equals<ExportedSession | ExportedTranscript, ExportLine> = true;
+  void eitherLine;
+  // Transcripts: an async iterable of their own lines, whose messages import back as they are.
+  const transcripts: AsyncIterable<ExportedTranscript> = client.exportTranscripts("u", { requestId: "r" });
+  for await (const transcript of transcripts) {
+    const message: ExportedMessage | undefined = transcript.messages[0];
+    const role: "user" | "assistant" | undefined = message?.role;
+    const at: string | undefined = message?.timestamp;
+    void [role, at, transcript.summary?.through_seq];
+    // @ts-expect-error a transcript has messages, not turns
+    void transcript.turns;
+    const copied: DistilledImportResult = await client.importMessages("copy", {
+      mode: "distill",
+      messages: transcript.messages,
+    });
+    void copied;
+  }
+  // @ts-expect-error the format is the method's, not an option
+  client.exportUser("u", { format: "messages" });
+
+  // Regenerate: a finalize's answer, a finalize's reply.
+  const regenerated = await client.regenerateTurn("s", "t", { finalAnswer: "a", finalAnswerEn: "a (en)" });
+  const sameShape: Equals<typeof regenerated, FinalizeTurnResponse> = true;
+  const newAnswer: string = (await client.regenerateTurn("s", "t", "a", { requestId: "r" })).turn.final_answer;
+  void [sameShape, newAnswer];
 
   // The new problem codes and the client's own complete as literals.
   const error = new TurnstoreError({ status: 409, code: "summary_conflict", title: "t", detail: "d" });
@@ -218,6 +317,8 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
     error.code === "template_not_found",
     error.code === "template_error",
     error.code === "export_incomplete",
+    error.code === "turn_pending",
+    error.code === "turn_summarized",
   ];
   void codes;
 }

@@ -60,12 +60,20 @@ impl UserIndex {
     }
 }
 
-/// What an idempotency key made: a start's turn (the key goes with it), or
-/// an import's turns (the key lives as long as the session).
+/// What an idempotency key made: a start's turn (the key goes with it), an
+/// import's turns or a fork (the key lives as long as the session).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyUse {
     Start(TurnId),
-    Import { first: u64, last: u64 },
+    Import {
+        first: u64,
+        last: u64,
+    },
+    Fork {
+        through: u64,
+        turns: u64,
+        summary: bool,
+    },
 }
 
 struct Session {

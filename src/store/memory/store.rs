@@ -12,8 +12,8 @@ use crate::domain::{SessionId, TurnId, UserId};
 use crate::history::Options;
 use crate::store::rules::{self, Access};
 use crate::store::{
-    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Import, Imported, Pace,
-    SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError,
+    CountsIn, ERASE_BATCH, EXAMINED_PER_LISTED, Erased, Finalized, Fork, Forked, Import, Imported,
+    Pace, SessionInfo, SessionSummary, SessionsPage, StartTurn, Started, Store, StoreError,
     StoredHistory, StoredSummary, SummaryWrite, next_index_time,
 };
 use crate::turn::{Finalization, FinalizedTurn, Millis, PendingTurn, TurnView};
@@ -153,6 +153,125 @@ impl Store for MemoryStore {
         s.last_active_at = end.finalized_at;
         s.expires = now + self.limits.session_ttl;
         Ok(Finalized::Now(view))
+    }
+
+    async fn regenerate(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<TurnView, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let s = state.live(session, now).ok_or(StoreError::TurnNotFound)?;
+        self.expired_pending.inc_by(s.purge_pending(now));
+        if s.pending.contains_key(&turn) {
+            return Err(StoreError::TurnPending);
+        }
+        let seq = *s.finalized_seq.get(&turn).ok_or(StoreError::TurnNotFound)?;
+        if let Some(through) = s.summary.as_ref().map(|x| x.through_seq)
+            && seq <= through
+        {
+            return Err(StoreError::TurnSummarized { through });
+        }
+        let t = s.finalized.get_mut(&seq).ok_or(StoreError::TurnNotFound)?;
+        t.end = end.clone();
+        let (view, costs) = (t.view(), t.costs());
+        s.counts_in = s.counts_in.add(&costs, false);
+        s.last_active_at = end.finalized_at;
+        s.expires = now + self.limits.session_ttl;
+        Ok(view)
+    }
+
+    async fn fork(&self, req: Fork<'_>) -> Result<Forked, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let state = &mut *state;
+        if let Some(t) = state.live(req.target, now) {
+            let made = req
+                .idempotency
+                .and_then(|(key, hash)| Some((t.idempotency.get(key.as_str())?, hash)));
+            return match made {
+                Some((
+                    (
+                        KeyUse::Fork {
+                            through,
+                            turns,
+                            summary,
+                        },
+                        stored,
+                    ),
+                    hash,
+                )) if stored == hash => Ok(Forked {
+                    user_id: t.user_id.as_ref().map(|u| u.to_string()),
+                    through_seq: *through,
+                    turns: *turns,
+                    summary: *summary,
+                    replayed: true,
+                }),
+                Some(_) => Err(StoreError::IdempotencyKeyReused),
+                None => Err(StoreError::SessionExists { busy: None }),
+            };
+        }
+        let source = state
+            .live(req.source, now)
+            .ok_or(StoreError::SessionNotFound)?;
+        let access = rules::access(
+            source.user_id.as_ref().map(UserId::as_str),
+            req.user_id.map(UserId::as_str),
+        );
+        if access == Access::Mismatch {
+            return Err(StoreError::OwnerMismatch);
+        }
+        let newest = source.finalized.keys().next_back().copied().unwrap_or(0);
+        let through = req.through_seq.unwrap_or(newest);
+        if through > newest {
+            return Err(StoreError::ForkBeyond { newest });
+        }
+        match source.finalized.keys().next() {
+            Some(&oldest) if oldest <= through => {}
+            oldest => {
+                return Err(StoreError::ForkEmpty {
+                    oldest: oldest.copied().unwrap_or(0),
+                });
+            }
+        }
+        let turns: Vec<FinalizedTurn> = source
+            .finalized
+            .range(..=through)
+            .map(|(_, t)| t.clone())
+            .collect();
+        let summary = source.summary.clone().filter(|s| s.through_seq <= through);
+        let owner = source.user_id.clone().or_else(|| req.user_id.cloned());
+        let mut fork = Session::new(req.now, now, req.generation);
+        fork.user_id = owner;
+        fork.next_seq = through;
+        let made = Forked {
+            user_id: fork.user_id.as_ref().map(|u| u.to_string()),
+            through_seq: through,
+            turns: turns.len() as u64,
+            summary: summary.is_some(),
+            replayed: false,
+        };
+        fork.summary = summary;
+        for t in turns {
+            fork.counts_in = fork.counts_in.add(&t.costs(), false);
+            fork.finalized_seq.insert(t.start.turn_id, t.seq());
+            fork.finalized.insert(t.seq(), t);
+        }
+        if let Some((key, hash)) = req.idempotency {
+            let used = KeyUse::Fork {
+                through,
+                turns: made.turns,
+                summary: made.summary,
+            };
+            fork.idempotency
+                .insert(key.to_string(), (used, hash.to_owned()));
+        }
+        fork.expires = now + self.limits.session_ttl;
+        self.index_active(&mut state.users, &mut fork, req.target, true, req.now);
+        state.sessions.insert(req.target.clone(), fork);
+        Ok(made)
     }
 
     async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {
@@ -391,19 +510,20 @@ impl Store for MemoryStore {
         let first = session.next_seq + 1;
         for t in req.turns {
             session.next_seq += 1;
+            let (started_at, finalized_at) = t.times.unwrap_or((req.now, req.now));
             let done = FinalizedTurn {
                 start: PendingTurn {
                     seq: session.next_seq,
                     turn_id: t.turn_id,
                     user_query: t.user_query.clone(),
-                    started_at: req.now,
+                    started_at,
                     idempotency_key: None,
                     tokens: t.query_tokens,
                     english: None,
                 },
                 end: Finalization {
                     final_answer: t.final_answer.clone(),
-                    finalized_at: req.now,
+                    finalized_at,
                     tokens: t.answer_tokens,
                     english: None,
                 },

@@ -75,9 +75,11 @@ impl RedisStore {
             .idempotency
             .map(|(k, h)| (k.as_str(), h))
             .unwrap_or(("", ""));
-        let mut turns = Vec::with_capacity(req.turns.len() * 3);
+        let mut turns = Vec::with_capacity(req.turns.len() * 4);
         for t in req.turns {
+            let (started, finalized) = t.times.unwrap_or((req.now, req.now));
             turns.push(member(&t.turn_id, &t.costs()));
+            turns.push(format!("{started} {finalized}").into_bytes());
             turns.push(t.user_query.as_bytes().to_vec());
             turns.push(t.final_answer.as_bytes().to_vec());
         }

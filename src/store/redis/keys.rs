@@ -28,6 +28,15 @@ impl Keys {
             .collect()
     }
 
+    /// The session's keys, then a fork's staging into it (`lua/fork_write.lua`):
+    /// records `:fr`, turns `:fs` and the attempt's marker `:fk`.
+    pub fn fork(&self, session: &str) -> Vec<String> {
+        let mut keys = self.session(session);
+        let base = format!("{}:{{{}}}:", self.prefix, session);
+        keys.extend(["fr", "fs", "fk"].iter().map(|k| format!("{base}{k}")));
+        keys
+    }
+
     /// `P:u:U`: the user's index (another slot than their sessions').
     pub fn user_index(&self, user: &str) -> String {
         format!("{}:u:{}", self.prefix, user)

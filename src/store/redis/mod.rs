@@ -12,6 +12,7 @@
 //! - `layout.rs`: the layout version, and migrations between versions.
 
 mod conn;
+mod fork;
 mod imports;
 mod keys;
 mod layout;
@@ -37,8 +38,8 @@ use self::conn::Connections;
 use self::keys::Keys;
 use self::scripts::Scripts;
 use super::{
-    Erased, Finalized, Import, Imported, Limits, Outage, OutageClass, PoolStatus, SessionInfo,
-    SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, StoredSummary,
+    Erased, Finalized, Fork, Forked, Import, Imported, Limits, Outage, OutageClass, PoolStatus,
+    SessionInfo, SessionsPage, StartTurn, Started, Store, StoreError, StoredHistory, StoredSummary,
     SummaryWrite,
 };
 use crate::domain::{SessionId, TurnId, UserId};
@@ -130,6 +131,19 @@ impl Store for RedisStore {
         end: &Finalization,
     ) -> Result<Finalized, StoreError> {
         self.finalize(session, turn, end).await
+    }
+
+    async fn regenerate(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<TurnView, StoreError> {
+        self.replace_answer(session, turn, end).await
+    }
+
+    async fn fork(&self, req: Fork<'_>) -> Result<Forked, StoreError> {
+        self.fork_session(req).await
     }
 
     async fn delete_turn(&self, session: &SessionId, turn: TurnId) -> Result<(), StoreError> {

@@ -156,6 +156,7 @@ macro_rules! scripts {
 scripts! {
     start_turn: Walk, Writes, twice;
     finalize_turn: Session, Writes, twice;
+    regenerate: Session, Writes, twice;
     delete_turn: Session, Frees, once;
     history: Walk, Reads, twice;
     session_info: Session, Reads, twice;
@@ -171,6 +172,10 @@ scripts! {
     import: Session, Writes, twice;
     turns_page: Session, Reads, twice;
     forget_turns: Session, Frees, twice;
+    fork_read: Session, Reads, twice;
+    fork_write: Session, Writes, twice;
+    fork_publish: Session, Writes, twice;
+    fork_abort: Nothing, Frees, twice;
     lock: Nothing, Writes, once;
 }
 
@@ -339,6 +344,17 @@ impl RedisStore {
         self.layout_checked().await?;
         self.invoke(script, &self.keys.session(session), &args)
             .await
+    }
+
+    /// Runs a fork's script on the session it makes, with its staging keys.
+    pub(super) async fn run_fork<T: FromRedisValue + Send + 'static>(
+        &self,
+        script: &Lua,
+        session: &str,
+        args: Vec<Vec<u8>>,
+    ) -> Result<T, StoreError> {
+        self.layout_checked().await?;
+        self.invoke(script, &self.keys.fork(session), &args).await
     }
 
     /// Runs a script that takes any number of sessions (`lua/probe.lua`,

@@ -270,6 +270,24 @@ impl RedisStore {
         turn: TurnId,
         end: &Finalization,
     ) -> Result<Finalized, StoreError> {
+        let v: Value = self
+            .run_session(
+                &self.scripts.finalize_turn,
+                session.as_str(),
+                self.answer_args(turn, end),
+            )
+            .await?;
+        match FinalizeReply::parse(v, turn, &end.final_answer)? {
+            FinalizeReply::Now(view) => Ok(Finalized::Now(view)),
+            FinalizeReply::Already(view) => Ok(Finalized::Already(view)),
+            FinalizeReply::NotFound => Err(StoreError::TurnNotFound),
+        }
+    }
+
+    /// The arguments of `lua/finalize_turn.lua` and `lua/regenerate.lua`:
+    /// the time, the TTL, the answer's counts, `max_turns`, its English
+    /// copy's counts; the turn, the answer, its counts' encoding, the copy.
+    fn answer_args(&self, turn: TurnId, end: &Finalization) -> Vec<Vec<u8>> {
         let t = &end.tokens;
         let en = end.english.as_ref();
         let en_count = |f: fn(&crate::tokens::AnswerTokens) -> u32| {
@@ -290,23 +308,41 @@ impl RedisStore {
                 en_count(|t| t.assistant_last),
             ],
         );
+        args![
+            numbers,
+            id_bytes(&turn),
+            end.final_answer.as_str(),
+            (t.encoding.code() as char).to_string(),
+            en.map_or("", |e| e.text.as_str()),
+        ]
+    }
+
+    pub(super) async fn replace_answer(
+        &self,
+        session: &SessionId,
+        turn: TurnId,
+        end: &Finalization,
+    ) -> Result<TurnView, StoreError> {
         let v: Value = self
             .run_session(
-                &self.scripts.finalize_turn,
+                &self.scripts.regenerate,
                 session.as_str(),
-                args![
-                    numbers,
-                    id_bytes(&turn),
-                    end.final_answer.as_str(),
-                    (t.encoding.code() as char).to_string(),
-                    en.map_or("", |e| e.text.as_str()),
-                ],
+                self.answer_args(turn, end),
             )
             .await?;
-        match FinalizeReply::parse(v, turn, &end.final_answer)? {
-            FinalizeReply::Now(view) => Ok(Finalized::Now(view)),
-            FinalizeReply::Already(view) => Ok(Finalized::Already(view)),
-            FinalizeReply::NotFound => Err(StoreError::TurnNotFound),
+        let mut r = Reply::array(v)?;
+        match r.string()?.as_str() {
+            "ok" => {
+                let record = r.bytes()?;
+                let english = Reply::opt_bytes_of(r.next()?)?;
+                let mut view = record::view(turn, &record, english.as_deref())?;
+                view.final_answer = end.final_answer.clone();
+                Ok(view)
+            }
+            "not_found" => Err(StoreError::TurnNotFound),
+            "pending" => Err(StoreError::TurnPending),
+            "summarized" => Err(StoreError::TurnSummarized { through: r.uint()? }),
+            other => Err(corrupt(format!("regenerate status {other:?}"))),
         }
     }
 

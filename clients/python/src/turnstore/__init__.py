@@ -13,7 +13,7 @@ finalize it with the answer, or abort it when the pipeline fails::
 
 :class:`Client` is synchronous, :class:`AsyncClient` the same API awaited.
 Errors are :class:`TurnstoreError` subclasses; transient failures are
-retried, starts and imports included (see :class:`RetryPolicy`). The LangChain
+retried, starts, imports and forks included (see :class:`RetryPolicy`). The LangChain
 integration is in :mod:`turnstore.langchain` (from the root of a clone:
 ``pip install './clients/python[langchain]'``).
 """
@@ -38,20 +38,25 @@ from .errors import (
     UnavailableError,
     ValidationError,
 )
-from .export import AsyncExportStream, ExportStream
+from .export import AsyncExportStream, AsyncTranscriptStream, ExportStream, TranscriptStream
 from .messages import Message, Role, build_chat_messages
 from .models import (
     AnthropicHistory,
     AnthropicMessage,
     Breakpoint,
     CacheControl,
+    DroppedReport,
     Erasure,
+    ExportedMessage,
     ExportedSession,
+    ExportedTranscript,
+    ForkResult,
     History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
     HistoryWindow,
+    ImportMode,
     ImportResult,
     Language,
     Session,
@@ -72,23 +77,29 @@ __all__ = [
     "AnthropicMessage",
     "AsyncClient",
     "AsyncExportStream",
+    "AsyncTranscriptStream",
     "AsyncTurnContext",
     "Breakpoint",
     "CacheControl",
     "Client",
     "ConflictError",
     "ConnectionFailedError",
+    "DroppedReport",
     "Erasure",
     "ExportIncompleteError",
     "ExportStream",
+    "ExportedMessage",
     "ExportedSession",
+    "ExportedTranscript",
     "FieldError",
     "ForbiddenError",
+    "ForkResult",
     "History",
     "HistoryFormat",
     "HistoryOptions",
     "HistoryText",
     "HistoryWindow",
+    "ImportMode",
     "ImportResult",
     "Language",
     "Message",
@@ -104,6 +115,7 @@ __all__ = [
     "SummaryConflictError",
     "TextBlock",
     "TooManyRequestsError",
+    "TranscriptStream",
     "Turn",
     "TurnContext",
     "TurnstoreError",

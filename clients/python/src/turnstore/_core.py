@@ -19,8 +19,10 @@ from typing import (
     Callable,
     Deque,
     Dict,
+    Generic,
     Iterable,
     List,
+    Literal,
     Mapping,
     Optional,
     TypeVar,
@@ -38,11 +40,11 @@ from .errors import (
     error_class_for,
 )
 from .models import (
-    ExportedSession,
     History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
+    ImportMode,
     Language,
     Summary,
     WindowKind,
@@ -62,13 +64,19 @@ T = TypeVar("T")
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
 
+ExportFormat = Literal["turns", "messages"]
+"""An export's lines: sessions with their turns (``turns``, the server's
+default) or with their turns as a chat transcript (``messages``)."""
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how long to wait before trying a request again.
 
     Only failures that leave the request's effect unknown or absent are
-    retried: connection errors, timeouts, and 502/503/504. Each retry waits
+    retried: connection errors, timeouts, and 502/503/504 (and a fork's
+    409 ``session_exists`` with ``Retry-After``: another attempt of a fork
+    into that id is still writing). Each retry waits
     a random time between 0 and ``min(max_backoff, initial_backoff * 2**n)``
     ("full jitter", so many clients failing together do not retry in
     lockstep); a ``Retry-After`` header raises the wait, up to
@@ -102,6 +110,10 @@ class Call:
     service's logs tie the tries of one operation together.
     ``gone_means_done``: a 404 ``turn_not_found`` after an earlier try that
     may have reached the server is the success of that try (abort).
+    ``busy_means_wait``: a 409 ``session_exists`` with ``Retry-After`` (a
+    fork into that id is under way, perhaps this call's own stopped try) is
+    retried like a 503, after the wait it names (fork; see
+    :func:`fork_call`).
     """
 
     method: str
@@ -111,6 +123,7 @@ class Call:
     headers: Dict[str, str] = field(default_factory=dict)
     accept: str = "application/json"
     gone_means_done: bool = False
+    busy_means_wait: bool = False
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def request_headers(self, base: Mapping[str, str]) -> Dict[str, str]:
@@ -177,7 +190,19 @@ class Attempts:
             # A gateway may have forwarded the request before failing.
             self.maybe_applied = True
             return self.policy.delay(self.tries, _retry_after(response))
+        if self._busy(response) and self.tries <= self.policy.max_retries:
+            return self.policy.delay(self.tries, _retry_after(response))
         raise error_from_response(response, self.call.request_id)
+
+    def _busy(self, response: httpx.Response) -> bool:
+        """A fork's 409 ``session_exists`` that says when to try again: an
+        attempt into the new id is still writing (not: the id is taken)."""
+        return (
+            self.call.busy_means_wait
+            and response.status_code == 409
+            and _retry_after(response) is not None
+            and _problem_code(response) == "session_exists"
+        )
 
 
 def _describe(call: Call, exc: Exception) -> str:
@@ -325,12 +350,30 @@ def start_call(
 def finalize_call(
     session_id: str, turn_id: str, final_answer: str, final_answer_en: Optional[str] = None
 ) -> Call:
+    return _answer_call("finalize", session_id, turn_id, final_answer, final_answer_en)
+
+
+def regenerate_call(
+    session_id: str, turn_id: str, final_answer: str, final_answer_en: Optional[str] = None
+) -> Call:
+    """A regenerate: a finalize's body, sent to ``.../regenerate``. Retried
+    like a finalize: the same answer again replaces the answer with itself."""
+    return _answer_call("regenerate", session_id, turn_id, final_answer, final_answer_en)
+
+
+def _answer_call(
+    action: str,
+    session_id: str,
+    turn_id: str,
+    final_answer: str,
+    final_answer_en: Optional[str],
+) -> Call:
     body = {"final_answer": final_answer}
     if final_answer_en is not None:
         body["final_answer_en"] = final_answer_en
     return Call(
         "POST",
-        f"/v1/sessions/{segment(session_id)}/turns/{segment(turn_id)}/finalize",
+        f"/v1/sessions/{segment(session_id)}/turns/{segment(turn_id)}/{action}",
         json_body=body,
     )
 
@@ -447,15 +490,20 @@ def import_call(
     messages: Iterable[Mapping[str, object]],
     user_id: Optional[str],
     idempotency_key: Optional[str],
+    mode: ImportMode = "strict",
 ) -> Call:
     """A retry-safe import: an Idempotency-Key (the caller's or a new one)
     sent with every try, so a retried import answers what the first made.
 
     The messages are sent as given (copied), not filtered: the server
-    checks every one and names each wrong one by its index."""
+    checks every one and names each wrong one by its index. ``mode`` is
+    sent only when it is not ``strict`` (the server's default), so a strict
+    import's body is the same as before modes existed."""
     body: Dict[str, Any] = {"messages": [dict(m) for m in messages]}
     if user_id is not None:
         body["user_id"] = user_id
+    if mode != "strict":
+        body["mode"] = mode
     key = idempotency_key if idempotency_key is not None else new_id()
     return Call(
         "POST",
@@ -465,8 +513,52 @@ def import_call(
     )
 
 
-def export_call(user_id: str) -> Call:
-    return Call("GET", f"/v1/users/{segment(user_id)}/export", accept="application/x-ndjson")
+def fork_call(
+    session_id: str,
+    new_session_id: str,
+    through_seq: Optional[int],
+    user_id: Optional[str],
+    idempotency_key: Optional[str],
+) -> Call:
+    """A retry-safe fork: an Idempotency-Key (the caller's or a new one)
+    sent with every try, as an import's, so a retried fork answers what the
+    first made. Absent fields are not sent (the server's defaults).
+
+    A 409 ``session_exists`` with ``Retry-After`` is waited out and retried
+    (``busy_means_wait``): the server answers so while another attempt of a
+    fork into ``new_session_id`` may still be writing its copy, typically
+    this very call's earlier try, stopped by a timeout or a killed instance
+    after it began, whose retry would otherwise fail on its own half-made
+    fork. Once that attempt finishes, the retry with the same key is its
+    replay; once it is stale (5 s without a write), the retry takes over and
+    completes the fork. Either way the answer after the wait is the
+    verdict, and a fork by another call (another key) that did finish is
+    then a plain 409 ``session_exists`` (no ``Retry-After``), raised."""
+    body: Dict[str, Any] = {"new_session_id": new_session_id}
+    if through_seq is not None:
+        body["through_seq"] = through_seq
+    if user_id is not None:
+        body["user_id"] = user_id
+    key = idempotency_key if idempotency_key is not None else new_id()
+    return Call(
+        "POST",
+        f"/v1/sessions/{segment(session_id)}/fork",
+        json_body=body,
+        headers={"Idempotency-Key": key},
+        busy_means_wait=True,
+    )
+
+
+def export_call(user_id: str, format: ExportFormat = "turns") -> Call:
+    """An export; ``format`` is sent only when it is not ``turns`` (the
+    server's default), so an export of sessions is the request it was."""
+    params: Dict[str, Union[str, int]] = {} if format == "turns" else {"format": format}
+    return Call(
+        "GET",
+        f"/v1/users/{segment(user_id)}/export",
+        params=params,
+        accept="application/x-ndjson",
+    )
 
 
 def replayed(response: httpx.Response) -> bool:
@@ -536,12 +628,15 @@ class NdjsonLines:
         return sum(len(p) for p in self._partial)
 
 
-class ExportState:
+class ExportState(Generic[T]):
     """What the sync and async export streams share: the lines received and
-    not yet yielded, their parsing, and the errors of a cut stream."""
+    not yet yielded, their parsing (``build``: a line's JSON to the item;
+    ``what``: the item, for errors), and the errors of a cut stream."""
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, build: Callable[[Any], T], what: str) -> None:
         self.call = call
+        self.build = build
+        self.what = what
         self.lines = NdjsonLines()
         self.ready: Deque[bytes] = deque()
         self.sessions = 0
@@ -556,20 +651,20 @@ class ExportState:
         # Blank lines carry nothing (NDJSON readers skip them).
         self.ready.extend(line for line in self.lines.feed(chunk) if line.strip())
 
-    def take(self) -> Optional[ExportedSession]:
+    def take(self) -> Optional[T]:
         """The next complete session received, or ``None`` for more bytes."""
         if not self.ready:
             return None
         line = self.ready.popleft()
         try:
-            session = ExportedSession.from_json(json.loads(line))
+            session = self.build(json.loads(line))
         except (ValueError, KeyError, TypeError) as exc:
             raise TurnstoreError(
                 self.status,
                 "unexpected_response",
                 "Unexpected response",
                 f"line {self.sessions + 1} of {self.call.method} {self.call.path} is not "
-                f"an exported session ({type(exc).__name__}: {exc})",
+                f"{self.what} ({type(exc).__name__}: {exc})",
                 request_id=self.request_id,
             ) from exc
         self.sessions += 1

@@ -11,13 +11,15 @@ import httpx
 from . import _core
 from ._core import Attempts, Call, RetryPolicy
 from .errors import NotFoundError, SummaryConflictError
-from .export import AsyncExportStream
+from .export import AsyncExportStream, AsyncTranscriptStream
 from .models import (
     Erasure,
+    ForkResult,
     History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
+    ImportMode,
     ImportResult,
     Language,
     Session,
@@ -149,6 +151,23 @@ class AsyncClient:
         again none) returns the same turn, so retries are safe; another
         answer raises :class:`ConflictError`."""
         call = _core.finalize_call(session_id, turn_id, final_answer, final_answer_en)
+        return _core.parse(
+            await self._send(call), call.request_id, lambda d: Turn.from_json(d["turn"])
+        )
+
+    async def regenerate_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        final_answer: str,
+        *,
+        final_answer_en: Optional[str] = None,
+    ) -> Turn:
+        """Replaces a finalized turn's answer (a chat UI's "regenerate"),
+        keeping its ``seq`` and question; see :meth:`Client.regenerate_turn`
+        (:class:`ConflictError` ``turn_pending`` or ``turn_summarized``,
+        :class:`NotFoundError` ``turn_not_found``; safe retries)."""
+        call = _core.regenerate_call(session_id, turn_id, final_answer, final_answer_en)
         return _core.parse(
             await self._send(call), call.request_id, lambda d: Turn.from_json(d["turn"])
         )
@@ -374,10 +393,15 @@ class AsyncClient:
         *,
         user_id: Optional[str] = None,
         idempotency_key: Optional[str] = None,
+        mode: ImportMode = "strict",
     ) -> ImportResult:
         """Appends a chat transcript as finalized turns, all or nothing,
-        retry-safe with an Idempotency-Key; see :meth:`Client.import_messages`."""
-        call = _core.import_call(session_id, messages, user_id, idempotency_key)
+        retry-safe with an Idempotency-Key: user/assistant pairs
+        (``mode="strict"``), or an agent loop's messages distilled to each
+        exchange's question and final answer (``mode="distill"``; system,
+        tool and thinking content is dropped and reported in
+        :attr:`ImportResult.dropped`); see :meth:`Client.import_messages`."""
+        call = _core.import_call(session_id, messages, user_id, idempotency_key, mode)
         response = await self._send(call)
         replayed = _core.replayed(response)
         return _core.parse(
@@ -396,6 +420,18 @@ class AsyncClient:
         call = _core.export_call(user_id)
         return AsyncExportStream(lambda: self._send(call, stream=True), call)
 
+    def export_transcripts(self, user_id: str) -> AsyncTranscriptStream:
+        """Every live session of a user as a chat transcript, streamed: an
+        async iterator of :class:`ExportedTranscript`; see
+        :meth:`Client.export_transcripts`::
+
+            async with client.export_transcripts("alice") as export:
+                async for transcript in export:
+                    ...
+        """
+        call = _core.export_call(user_id, "messages")
+        return AsyncTranscriptStream(lambda: self._send(call, stream=True), call)
+
     # --- sessions and users ----------------------------------------------
 
     async def get_session(self, session_id: str) -> Session:
@@ -407,6 +443,30 @@ class AsyncClient:
     async def clear_session(self, session_id: str) -> None:
         """Deletes a session and all its turns (also for an unknown session)."""
         await self._send(_core.session_call("DELETE", session_id))
+
+    async def fork_session(
+        self,
+        session_id: str,
+        new_session_id: str,
+        *,
+        through_seq: Optional[int] = None,
+        user_id: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> ForkResult:
+        """Makes ``new_session_id`` a branch of the conversation: a copy of
+        ``session_id``'s finalized turns through ``through_seq`` (by default
+        the newest), with its summary when that covers no later turn, and
+        its owner. Retry-safe with an Idempotency-Key (a replay has
+        ``replayed=True``); a 409 ``session_exists`` with ``Retry-After``
+        (a fork into that id still being written, likeliest this call's own
+        stopped try) is waited out and retried, a plain one raised; see
+        :meth:`Client.fork_session`."""
+        call = _core.fork_call(session_id, new_session_id, through_seq, user_id, idempotency_key)
+        response = await self._send(call)
+        replayed = _core.replayed(response)
+        return _core.parse(
+            response, call.request_id, lambda d: ForkResult.from_json(d, replayed=replayed)
+        )
 
     async def list_user_sessions(
         self, user_id: str, *, limit: Optional[int] = None, cursor: Optional[str] = None

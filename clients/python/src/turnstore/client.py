@@ -11,13 +11,15 @@ import httpx
 from . import _core
 from ._core import Attempts, Call, RetryPolicy
 from .errors import NotFoundError, SummaryConflictError
-from .export import ExportStream
+from .export import ExportStream, TranscriptStream
 from .models import (
     Erasure,
+    ForkResult,
     History,
     HistoryFormat,
     HistoryOptions,
     HistoryText,
+    ImportMode,
     ImportResult,
     Language,
     Session,
@@ -148,6 +150,33 @@ class Client:
         again none) returns the same turn, so retries are safe; another
         answer raises :class:`ConflictError`."""
         call = _core.finalize_call(session_id, turn_id, final_answer, final_answer_en)
+        return _core.parse(self._send(call), call.request_id, lambda d: Turn.from_json(d["turn"]))
+
+    def regenerate_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        final_answer: str,
+        *,
+        final_answer_en: Optional[str] = None,
+    ) -> Turn:
+        """Replaces the answer of a finalized turn (a chat UI's "regenerate"):
+        the turn keeps its ``seq``, its question and the question's English
+        copy; the old answer and its English copy are gone
+        (``final_answer_en`` is the new answer's copy). Its ``finalized_at``
+        becomes now. The answer follows a finalize's rules
+        (:class:`ValidationError`, :class:`PayloadTooLargeError`).
+
+        A turn not finalized yet raises :class:`ConflictError`
+        ``turn_pending`` (finalize it); one the session's summary covers
+        raises :class:`ConflictError` ``turn_summarized`` (its ``detail``
+        says through which seq: delete the summary, or write one that
+        covers less, first); an unknown or expired turn raises
+        :class:`NotFoundError` ``turn_not_found``. Nothing is written then.
+
+        Retried like a finalize: the same answer again replaces the answer
+        with itself."""
+        call = _core.regenerate_call(session_id, turn_id, final_answer, final_answer_en)
         return _core.parse(self._send(call), call.request_id, lambda d: Turn.from_json(d["turn"]))
 
     def abort_turn(self, session_id: str, turn_id: str) -> None:
@@ -387,10 +416,30 @@ class Client:
         *,
         user_id: Optional[str] = None,
         idempotency_key: Optional[str] = None,
+        mode: ImportMode = "strict",
     ) -> ImportResult:
-        """Appends a chat transcript made elsewhere as finalized turns: each
-        ``{"role": "user", "content": ...}`` message and the ``assistant``
-        message after it become one turn, with the session's next seqs.
+        """Appends a chat transcript made elsewhere as finalized turns, with
+        the session's next seqs.
+
+        ``mode="strict"`` (the default): each ``{"role": "user", "content":
+        ...}`` message and the ``assistant`` message after it become one
+        turn; any other role or key is refused.
+
+        ``mode="distill"``: the messages are an agent loop's, as the OpenAI
+        or Anthropic SDKs write them (``system``, ``developer``, ``tool`` and
+        ``function`` roles, ``orchestrator`` as an assistant, a content that
+        is a string, a list of parts or ``None``, ``tool_calls``,
+        ``refusal``, ``thinking``, ``tool_use`` and ``tool_result`` blocks),
+        and each exchange becomes one turn: its question (the consecutive
+        user texts, joined by a blank line) and its final answer (the last
+        assistant text before the next question). System and developer
+        prompts, tool calls and results, thinking, refusals, parts that are
+        not text, replaced answers and a last question without an answer
+        are dropped, and :attr:`ImportResult.dropped` reports them by reason
+        with the indexes of the first few. A message's optional
+        ``timestamp`` (RFC 3339 with its zone) becomes its turn's
+        ``started_at`` (the question's) or ``finalized_at`` (the answer's);
+        given for one exchange, it is needed for all.
 
         All or nothing: any invalid message raises :class:`ValidationError`
         whose ``errors`` name every wrong one by its index
@@ -401,9 +450,10 @@ class Client:
 
         The import is sent with an Idempotency-Key (``idempotency_key`` or a
         new UUID), the same on every retry, so a retried import returns what
-        the first made (``replayed=True``) instead of importing twice.
+        the first made (``replayed=True``, with the same ``dropped``)
+        instead of importing twice.
         """
-        call = _core.import_call(session_id, messages, user_id, idempotency_key)
+        call = _core.import_call(session_id, messages, user_id, idempotency_key, mode)
         response = self._send(call)
         replayed = _core.replayed(response)
         return _core.parse(
@@ -427,6 +477,27 @@ class Client:
         call = _core.export_call(user_id)
         return ExportStream(lambda: self._send(call, stream=True), call)
 
+    def export_transcripts(self, user_id: str) -> TranscriptStream:
+        """Every live session of a user, as :meth:`export_user` streams them,
+        but with each session's turns as a chat transcript
+        (``?format=messages``): an iterator of :class:`ExportedTranscript`,
+        whose ``messages`` are a user and an assistant
+        :class:`ExportedMessage` a turn (the question at its
+        ``started_at``, the answer at its ``finalized_at``). Imported with
+        ``mode="distill"``, a transcript's messages make the same turns at
+        the same times::
+
+            with client.export_transcripts("alice") as export:
+                for transcript in export:
+                    messages = [m.to_json() for m in transcript.messages]
+                    other.import_messages(transcript.session_id, messages, mode="distill")
+
+        Held, retried and cut like :meth:`export_user`
+        (:class:`ExportIncompleteError`).
+        """
+        call = _core.export_call(user_id, "messages")
+        return TranscriptStream(lambda: self._send(call, stream=True), call)
+
     # --- sessions and users ----------------------------------------------
 
     def get_session(self, session_id: str) -> Session:
@@ -438,6 +509,62 @@ class Client:
     def clear_session(self, session_id: str) -> None:
         """Deletes a session and all its turns (also for an unknown session)."""
         self._send(_core.session_call("DELETE", session_id))
+
+    def fork_session(
+        self,
+        session_id: str,
+        new_session_id: str,
+        *,
+        through_seq: Optional[int] = None,
+        user_id: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+    ) -> ForkResult:
+        """Makes ``new_session_id`` a branch of the conversation: a new
+        session of ``session_id``'s finalized turns with ``seq <=
+        through_seq`` (by default through the newest), as they are (seqs,
+        turn ids, texts, English copies, times), with the session's summary
+        when it covers no later turn (:attr:`ForkResult.summary`). The next
+        start in the fork takes ``through_seq + 1``; the source does not
+        change. A chat UI's "edit question N" is a fork through ``N - 1``,
+        then :meth:`start_turn` in the fork (its "regenerate" is
+        :meth:`regenerate_turn`).
+
+        The fork belongs to the source's owner; ``user_id`` is checked
+        against it as in a start (another owner's: :class:`ForbiddenError`),
+        and owns the fork of an unowned session. An unknown or expired
+        source raises :class:`NotFoundError` (``session_not_found``); a
+        ``new_session_id`` a live session has raises :class:`ConflictError`
+        (``session_exists``); a ``through_seq`` of 0, past the newest
+        finalized turn or below the oldest one kept, or a ``new_session_id``
+        that is invalid or the source's own, raises :class:`ValidationError`.
+
+        The fork is sent with an Idempotency-Key (``idempotency_key`` or a
+        new UUID), the same on every retry, so a retried fork returns what
+        the first made (``replayed=True``), even once the source is gone,
+        instead of failing on the session it made.
+
+        A 409 ``session_exists`` *with* ``Retry-After`` is waited out and
+        retried (within the retry policy, as a 503 is): the server answers
+        so while another attempt of a fork into that id may still be
+        writing, and the likeliest such attempt is this call's own earlier
+        try, cut off by a timeout after it began. Raising then would report
+        the caller's own half-made fork as someone else's session; the
+        retry with the same key instead gets that fork once it is done
+        (a replay), or, once the stopped attempt is stale (5 s without a
+        write), takes over and completes it. A fork by another caller that
+        finished answers a plain 409 (no ``Retry-After``), which is raised.
+        (A 429, whose wait can be minutes, is not retried; this wait is
+        seconds at most.) When the retries run out first, the
+        :class:`ConflictError` carries ``retry_after``; calling again after
+        it with the same ``idempotency_key`` (pass your own to be able to)
+        completes the fork.
+        """
+        call = _core.fork_call(session_id, new_session_id, through_seq, user_id, idempotency_key)
+        response = self._send(call)
+        replayed = _core.replayed(response)
+        return _core.parse(
+            response, call.request_id, lambda d: ForkResult.from_json(d, replayed=replayed)
+        )
 
     def list_user_sessions(
         self, user_id: str, *, limit: Optional[int] = None, cursor: Optional[str] = None

@@ -55,7 +55,9 @@ class TurnstoreError(Exception):
         request_id: the ``x-request-id`` of the response (or the one the
             client sent, when there was no response): quote it when asking
             the service's operators.
-        retry_after: seconds from a ``Retry-After`` header (429, 503), if any.
+        retry_after: seconds from a ``Retry-After`` header (429, 503, a
+            fork's 409 ``session_exists`` while another fork into the id is
+            under way), if any.
     """
 
     status: int
@@ -116,8 +118,10 @@ class ForbiddenError(TurnstoreError):
 
 
 class NotFoundError(TurnstoreError):
-    """404: ``turn_not_found`` (unknown, aborted or expired turn),
-    ``session_not_found`` (get_session), ``summary_not_found``
+    """404: ``turn_not_found`` (finalize, regenerate or abort of an unknown,
+    aborted or expired turn),
+    ``session_not_found`` (get_session, or fork_session of an unknown or
+    expired session), ``summary_not_found``
     (get_summary), ``template_not_found`` (a history's ``template`` names no
     template the server has), or ``not_found`` (no such route: check
     ``base_url``)."""
@@ -125,7 +129,14 @@ class NotFoundError(TurnstoreError):
 
 class ConflictError(TurnstoreError):
     """409: ``turn_already_finalized`` (the turn was finalized with another
-    answer) or ``summary_conflict`` (see :class:`SummaryConflictError`)."""
+    answer), ``turn_pending`` (a regenerate of a turn not finalized yet:
+    finalize it), ``turn_summarized`` (a regenerate of a turn the session's
+    summary covers; ``detail`` says through which seq: delete the summary,
+    or write one that covers less, first), ``session_exists`` (a fork's
+    ``new_session_id`` names a live session: choose another; with
+    ``retry_after`` when another fork into it was still under way after the
+    client's retries) or ``summary_conflict`` (see
+    :class:`SummaryConflictError`). Nothing was written."""
 
 
 class SummaryConflictError(ConflictError):

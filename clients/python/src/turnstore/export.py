@@ -1,5 +1,7 @@
 """A user's export, read as it arrives: one :class:`ExportedSession` per
-line of the server's NDJSON stream.
+line of the server's NDJSON stream (:meth:`Client.export_user`), or one
+:class:`ExportedTranscript` (:meth:`Client.export_transcripts`: each
+session's turns as a chat transcript).
 
 ::
 
@@ -24,23 +26,42 @@ connection; a loop that runs to the end, or raises, releases it too.
 from __future__ import annotations
 
 from types import TracebackType
-from typing import AsyncIterator, Awaitable, Callable, Iterator, Optional, Type
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Generic,
+    Iterator,
+    Optional,
+    Type,
+    TypeVar,
+)
 
 import httpx
 
 from ._core import Call, ExportState
-from .models import ExportedSession
+from .models import ExportedSession, ExportedTranscript
 
-__all__ = ["AsyncExportStream", "ExportStream"]
+__all__ = [
+    "AsyncExportStream",
+    "AsyncTranscriptStream",
+    "ExportStream",
+    "TranscriptStream",
+]
+
+T = TypeVar("T")
+S = TypeVar("S", bound="_Lines[Any]")
+A = TypeVar("A", bound="_AsyncLines[Any]")
 
 
-class ExportStream:
-    """The sessions of a user's export (see the module doc), from
-    :meth:`Client.export_user`: an iterator and a context manager."""
+class _Lines(Generic[T]):
+    """The lines of an export (see the module doc), each parsed to a ``T``:
+    an iterator and a context manager."""
 
-    def __init__(self, open_response: Callable[[], httpx.Response], call: Call) -> None:
+    def __init__(self, open_response: Callable[[], httpx.Response], state: ExportState[T]) -> None:
         self._open = open_response
-        self._state = ExportState(call)
+        self._state = state
         self._response: Optional[httpx.Response] = None
         self._chunks: Optional[Iterator[bytes]] = None
         self._closed = False
@@ -61,7 +82,7 @@ class ExportStream:
         if self._response is not None:
             self._response.close()
 
-    def __enter__(self) -> ExportStream:
+    def __enter__(self: S) -> S:
         try:
             self._start()
         except BaseException:
@@ -77,10 +98,10 @@ class ExportStream:
     ) -> None:
         self.close()
 
-    def __iter__(self) -> ExportStream:
+    def __iter__(self: S) -> S:
         return self
 
-    def __next__(self) -> ExportedSession:
+    def __next__(self) -> T:
         if self._closed:
             raise StopIteration
         try:
@@ -102,7 +123,7 @@ class ExportStream:
             self._chunks = self._response.iter_bytes()
         return self._chunks
 
-    def _next(self) -> Optional[ExportedSession]:
+    def _next(self) -> Optional[T]:
         chunks = self._start()
         while True:
             session = self._state.take()
@@ -118,14 +139,38 @@ class ExportStream:
             self._state.feed(chunk)
 
 
-class AsyncExportStream:
+class ExportStream(_Lines[ExportedSession]):
     """The sessions of a user's export (see the module doc), from
-    :meth:`AsyncClient.export_user`: an async iterator and an async
+    :meth:`Client.export_user`: an iterator of :class:`ExportedSession` and a
     context manager."""
 
-    def __init__(self, open_response: Callable[[], Awaitable[httpx.Response]], call: Call) -> None:
+    def __init__(self, open_response: Callable[[], httpx.Response], call: Call) -> None:
+        super().__init__(
+            open_response, ExportState(call, ExportedSession.from_json, "an exported session")
+        )
+
+
+class TranscriptStream(_Lines[ExportedTranscript]):
+    """The sessions of a user's export as transcripts (see the module doc),
+    from :meth:`Client.export_transcripts`: an iterator of
+    :class:`ExportedTranscript` and a context manager."""
+
+    def __init__(self, open_response: Callable[[], httpx.Response], call: Call) -> None:
+        super().__init__(
+            open_response,
+            ExportState(call, ExportedTranscript.from_json, "an exported transcript"),
+        )
+
+
+class _AsyncLines(Generic[T]):
+    """The lines of an export (see the module doc), each parsed to a ``T``:
+    an async iterator and an async context manager."""
+
+    def __init__(
+        self, open_response: Callable[[], Awaitable[httpx.Response]], state: ExportState[T]
+    ) -> None:
         self._open = open_response
-        self._state = ExportState(call)
+        self._state = state
         self._response: Optional[httpx.Response] = None
         self._chunks: Optional[AsyncIterator[bytes]] = None
         self._closed = False
@@ -152,7 +197,7 @@ class AsyncExportStream:
         if self._response is not None:
             await self._response.aclose()
 
-    async def __aenter__(self) -> AsyncExportStream:
+    async def __aenter__(self: A) -> A:
         try:
             await self._start()
         except BaseException:
@@ -168,10 +213,10 @@ class AsyncExportStream:
     ) -> None:
         await self.aclose()
 
-    def __aiter__(self) -> AsyncExportStream:
+    def __aiter__(self: A) -> A:
         return self
 
-    async def __anext__(self) -> ExportedSession:
+    async def __anext__(self) -> T:
         if self._closed:
             raise StopAsyncIteration
         try:
@@ -193,7 +238,7 @@ class AsyncExportStream:
             self._chunks = self._response.aiter_bytes()
         return self._chunks
 
-    async def _next(self) -> Optional[ExportedSession]:
+    async def _next(self) -> Optional[T]:
         chunks = await self._start()
         while True:
             session = self._state.take()
@@ -207,3 +252,26 @@ class AsyncExportStream:
             except httpx.TransportError as exc:
                 raise self._state.broken(exc) from exc
             self._state.feed(chunk)
+
+
+class AsyncExportStream(_AsyncLines[ExportedSession]):
+    """The sessions of a user's export (see the module doc), from
+    :meth:`AsyncClient.export_user`: an async iterator of
+    :class:`ExportedSession` and an async context manager."""
+
+    def __init__(self, open_response: Callable[[], Awaitable[httpx.Response]], call: Call) -> None:
+        super().__init__(
+            open_response, ExportState(call, ExportedSession.from_json, "an exported session")
+        )
+
+
+class AsyncTranscriptStream(_AsyncLines[ExportedTranscript]):
+    """The sessions of a user's export as transcripts (see the module doc),
+    from :meth:`AsyncClient.export_transcripts`: an async iterator of
+    :class:`ExportedTranscript` and an async context manager."""
+
+    def __init__(self, open_response: Callable[[], Awaitable[httpx.Response]], call: Call) -> None:
+        super().__init__(
+            open_response,
+            ExportState(call, ExportedTranscript.from_json, "an exported transcript"),
+        )

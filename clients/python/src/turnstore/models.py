@@ -35,13 +35,18 @@ __all__ = [
     "AnthropicMessage",
     "Breakpoint",
     "CacheControl",
+    "DroppedReport",
     "Erasure",
+    "ExportedMessage",
     "ExportedSession",
+    "ExportedTranscript",
+    "ForkResult",
     "History",
     "HistoryFormat",
     "HistoryOptions",
     "HistoryText",
     "HistoryWindow",
+    "ImportMode",
     "ImportResult",
     "Language",
     "Session",
@@ -69,6 +74,12 @@ that consecutive reads begin with the same turns)."""
 StopReason = Literal["limit", "max_tokens", "max_bytes"]
 """The bound that left older turns out of a history."""
 
+ImportMode = Literal["strict", "distill"]
+"""How an import reads its messages: ``strict`` (user/assistant pairs with
+string contents, nothing else) or ``distill`` (an agent loop's OpenAI or
+Anthropic messages, each exchange kept as its question and final answer,
+the rest dropped and reported: see :class:`DroppedReport`)."""
+
 Language = Literal["en"]
 """The language of a rendering: ``en`` renders the English copies of the
 turns that have them (see :attr:`Turn.user_query_en`)."""
@@ -77,6 +88,19 @@ SUMMARY_MESSAGE_PREFIX = "Summary of the conversation so far:\n"
 """How the ``messages`` format introduces a summary in its system message."""
 
 _FRACTION = re.compile(r"\.(\d+)")
+
+
+def format_datetime(value: datetime) -> str:
+    """The service's own RFC 3339 form of a time: UTC, ``Z``, milliseconds
+    (microseconds when the time has any), as :func:`parse_datetime` reads it
+    back unchanged."""
+    utc = value.astimezone(timezone.utc) if value.tzinfo is not None else value
+    fraction = (
+        f"{utc.microsecond // 1000:03d}"
+        if utc.microsecond % 1000 == 0
+        else f"{utc.microsecond:06d}"
+    )
+    return f"{utc.strftime('%Y-%m-%dT%H:%M:%S')}.{fraction}Z"
 
 
 def parse_datetime(value: str) -> datetime:
@@ -698,6 +722,35 @@ class Erasure:
 
 
 @dataclass(frozen=True)
+class DroppedReport:
+    """What a distilled import (``mode="distill"``) dropped for one reason:
+    ``count`` messages or parts of messages (a message with two image parts
+    counts twice), the first five at the indexes ``first_indexes`` of the
+    messages sent.
+
+    ``reason`` is one of ``instructions`` (system and developer messages),
+    ``tool_result`` (tool and function messages, ``tool_result`` blocks),
+    ``tool_call`` (``tool_calls``, ``tool_use`` blocks), ``thinking``,
+    ``refusal``, ``non_text`` (images, audio, files), ``superseded`` (an
+    assistant text a later one of the same exchange replaced) or
+    ``unanswered`` (a last question without an answer); a newer server may
+    add others.
+    """
+
+    reason: str
+    count: int
+    first_indexes: List[int]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DroppedReport:
+        return cls(
+            reason=data["reason"],
+            count=data["count"],
+            first_indexes=list(data["first_indexes"]),
+        )
+
+
+@dataclass(frozen=True)
 class ImportResult:
     """What an import appended: ``imported_turns`` finalized turns, with the
     seqs ``first_seq`` to ``last_seq``.
@@ -706,6 +759,10 @@ class ImportResult:
     ``replayed`` is true when the service recognised a retry of an earlier
     import (same Idempotency-Key and body) and returned that import's result
     instead of importing again.
+
+    ``dropped`` is what a distilled import (``mode="distill"``) did not
+    keep, a :class:`DroppedReport` per reason in the server's order (``[]``
+    when it kept everything); ``None`` for a strict import.
     """
 
     session_id: str
@@ -714,15 +771,53 @@ class ImportResult:
     first_seq: int
     last_seq: int
     replayed: bool = False
+    dropped: Optional[List[DroppedReport]] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], *, replayed: bool = False) -> ImportResult:
+        dropped = data.get("dropped")
         return cls(
             session_id=data["session_id"],
             user_id=data.get("user_id"),
             imported_turns=data["imported_turns"],
             first_seq=data["first_seq"],
             last_seq=data["last_seq"],
+            replayed=replayed,
+            dropped=None if dropped is None else [DroppedReport.from_json(d) for d in dropped],
+        )
+
+
+@dataclass(frozen=True)
+class ForkResult:
+    """What a fork made: the new session ``session_id``, a copy of
+    ``forked_from``'s ``copied_turns`` finalized turns with ``seq <=
+    through_seq`` (its next start takes ``through_seq + 1``).
+
+    ``user_id`` is the new session's owner (the source's, or, when that had
+    none, the ``user_id`` given; ``None`` when it has none). ``summary`` is
+    true when the source's summary came along (it covered no turn past
+    ``through_seq``). ``replayed`` is true when the service recognised a
+    retry of an earlier fork (same Idempotency-Key and body) and returned
+    that fork's result instead of forking again.
+    """
+
+    session_id: str
+    forked_from: str
+    user_id: Optional[str]
+    through_seq: int
+    copied_turns: int
+    summary: bool
+    replayed: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, replayed: bool = False) -> ForkResult:
+        return cls(
+            session_id=data["session_id"],
+            forked_from=data["forked_from"],
+            user_id=data.get("user_id"),
+            through_seq=data["through_seq"],
+            copied_turns=data["copied_turns"],
+            summary=data["summary"],
             replayed=replayed,
         )
 
@@ -747,5 +842,65 @@ class ExportedSession:
             created_at=parse_datetime(data["created_at"]),
             last_active_at=parse_datetime(data["last_active_at"]),
             turns=[Turn.from_json(t) for t in data["turns"]],
+            summary=None if summary is None else Summary.from_json(summary),
+        )
+
+
+@dataclass(frozen=True)
+class ExportedMessage:
+    """A message of an exported transcript (:class:`ExportedTranscript`): a
+    turn's question (``role="user"``, at its ``started_at``) or its answer
+    (``role="assistant"``, at its ``finalized_at``), the originals (not the
+    English copies)."""
+
+    role: Literal["user", "assistant"]
+    content: str
+    timestamp: datetime
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ExportedMessage:
+        return cls(
+            role=data["role"],
+            content=data["content"],
+            timestamp=parse_datetime(data["timestamp"]),
+        )
+
+    def to_json(self) -> Dict[str, str]:
+        """The message as an import takes it: ``{"role", "content",
+        "timestamp"}``, the timestamp in RFC 3339 as the service writes it,
+        so that ``import_messages(..., mode="distill")`` makes the same turn
+        at the same times. (``timestamp`` is no field of OpenAI's or
+        Anthropic's messages: leave it out for a model.)"""
+        return {
+            "role": self.role,
+            "content": self.content,
+            "timestamp": format_datetime(self.timestamp),
+        }
+
+
+@dataclass(frozen=True)
+class ExportedTranscript:
+    """One session of a user's export as a chat transcript
+    (:meth:`Client.export_transcripts`): its times, its summary (``None``
+    when it has none) and its finalized turns as ``messages``, a user and
+    an assistant :class:`ExportedMessage` each, oldest first (pending turns
+    are not exported). Imported with ``mode="distill"``
+    (``[m.to_json() for m in transcript.messages]``), the messages make the
+    same turns at the same times."""
+
+    session_id: str
+    created_at: datetime
+    last_active_at: datetime
+    messages: List[ExportedMessage] = field(default_factory=list)
+    summary: Optional[Summary] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ExportedTranscript:
+        summary = data.get("summary")
+        return cls(
+            session_id=data["session_id"],
+            created_at=parse_datetime(data["created_at"]),
+            last_active_at=parse_datetime(data["last_active_at"]),
+            messages=[ExportedMessage.from_json(m) for m in data["messages"]],
             summary=None if summary is None else Summary.from_json(summary),
         )

@@ -9,8 +9,8 @@ export type Fault =
   | { kind: "refuse" }
   /** The server handles the request; the reply hangs until the client gives up. */
   | { kind: "stall" }
-  /** A proxy answers instead of the server, which never sees the request. */
-  | { kind: "respond"; status: number; body: string; contentType: string }
+  /** A proxy (or a stand-in for the server) answers instead of the server, which never sees the request. */
+  | { kind: "respond"; status: number; body: string; contentType: string; headers?: Record<string, string> }
   /** The server handles the request; its reply is replaced. */
   | { kind: "rewrite"; rewrite: (response: Response) => Promise<Response> };
 
@@ -58,7 +58,7 @@ export class FaultyFetch {
       case "respond":
         return new Response(fault.body, {
           status: fault.status,
-          headers: { "content-type": fault.contentType },
+          headers: { ...fault.headers, "content-type": fault.contentType },
         });
       case "rewrite":
         return fault.rewrite(await fetch(request));
@@ -70,11 +70,12 @@ export class FaultyFetch {
   }
 }
 
-/** A problem document as turnstore would send it. */
-export function problem(status: number, code: string): Fault {
+/** A problem document as turnstore would send it (with these headers besides). */
+export function problem(status: number, code: string, headers: Record<string, string> = {}): Fault {
   return {
     kind: "respond",
     status,
+    headers,
     contentType: "application/problem+json",
     body: JSON.stringify({
       type: `urn:turnstore:problem:${code}`,

@@ -1,6 +1,6 @@
 // Starts the real turnstore binary (and redis-server) for the tests.
 import { type ChildProcess, spawn } from "node:child_process";
-import { createServer } from "node:net";
+import { connect, createServer } from "node:net";
 import { createInterface } from "node:readline";
 
 export interface Running {
@@ -81,6 +81,32 @@ export async function startRedis(): Promise<RunningRedis> {
       if (tries >= 3) throw error;
     }
   }
+}
+
+/**
+ * Sends one command to the Redis at `url` (`redis://host:port`) and resolves
+ * with its reply's first line (enough for the writes and counts the tests
+ * make); an error reply rejects.
+ */
+export function redisCommand(url: string, ...args: string[]): Promise<string> {
+  const { hostname, port } = new URL(url);
+  const request = `*${args.length}\r\n${args.map((a) => `$${Buffer.byteLength(a)}\r\n${a}\r\n`).join("")}`;
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname);
+    let reply = "";
+    socket.setEncoding("utf8");
+    socket.on("data", (chunk: string) => {
+      reply += chunk;
+      const end = reply.indexOf("\r\n");
+      if (end < 0) return;
+      socket.end();
+      const line = reply.slice(0, end);
+      if (line.startsWith("-")) reject(new Error(`redis ${args[0]}: ${line}`));
+      else resolve(line);
+    });
+    socket.on("error", reject);
+    socket.write(request);
+  });
 }
 
 function watch(child: ChildProcess): string[] {

@@ -1,6 +1,6 @@
-// The behaviour tests of API v1.1 (translations, summaries, templates,
-// chat templates, import and export), run inside clientSuite against the
-// real binary on each store.
+// The behaviour tests of API v1.1 (translations, regenerated answers, forks,
+// summaries, templates, chat templates, import and export), run inside
+// clientSuite against the real binary on each store.
 import assert from "node:assert/strict";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -8,13 +8,19 @@ import { join } from "node:path";
 import { after, before, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import {
+  type DroppedReport,
   type ExportedSession,
+  type ExportedTranscript,
+  type ForkResult,
+  type ImportInput,
   type ImportMessage,
+  type TranscriptMessage,
+  type Turn,
   TurnstoreClient,
   type TurnstoreClientOptions,
   type TurnstoreError,
 } from "turnstore-client";
-import { id, turnstoreError } from "./assertions.js";
+import { UUID, id, turnstoreError } from "./assertions.js";
 import { type Fault, type FaultyFetch, problem } from "./faults.js";
 import type { Backend } from "./suite.js";
 
@@ -85,18 +91,18 @@ const chatml = (...messages: [role: string, content: string][]): string =>
 const HEADER = "### Conversation history:\n";
 
 /** Every session an export yields, in order. */
-async function drain(sessions: AsyncIterable<ExportedSession>): Promise<ExportedSession[]> {
-  const seen: ExportedSession[] = [];
+async function drain<T>(sessions: AsyncIterable<T>): Promise<T[]> {
+  const seen: T[] = [];
   for await (const session of sessions) seen.push(session);
   return seen;
 }
 
 /** The sessions an export yields before it throws, and the TurnstoreError it throws. */
-async function drainUntilError(
-  sessions: AsyncIterable<ExportedSession>,
+async function drainUntilError<T>(
+  sessions: AsyncIterable<T>,
   onSession: (seen: number) => Promise<void> | void = () => undefined,
-): Promise<{ seen: ExportedSession[]; error: TurnstoreError }> {
-  const seen: ExportedSession[] = [];
+): Promise<{ seen: T[]; error: TurnstoreError }> {
+  const seen: T[] = [];
   const error = await turnstoreError(
     (async () => {
       for await (const session of sessions) {
@@ -116,6 +122,32 @@ const TRANSCRIPT: readonly ImportMessage[] = [
   { role: "assistant", content: "An index over vectors." },
   { role: "user", content: "Which one should I use?" },
   { role: "assistant", content: "HNSW." },
+];
+
+/**
+ * One of the repository's agent-loop transcripts (tests/fixtures/transcripts,
+ * the server's distill fixtures: tests/api/distill.rs holds it to the same
+ * results), as an SDK would hand them over.
+ */
+const agentLoop = (name: "openai_agent_loop" | "anthropic_tool_loop"): TranscriptMessage[] =>
+  JSON.parse(
+    readFileSync(new URL(`../../../../tests/fixtures/transcripts/${name}.json`, import.meta.url), "utf8"),
+  ) as TranscriptMessage[];
+
+const OPENAI_DROPPED: DroppedReport[] = [
+  { reason: "instructions", count: 2, first_indexes: [0, 1] },
+  { reason: "tool_result", count: 4, first_indexes: [4, 9, 10, 14] },
+  { reason: "tool_call", count: 2, first_indexes: [3, 8] },
+  { reason: "refusal", count: 1, first_indexes: [13] },
+  { reason: "non_text", count: 3, first_indexes: [2, 7, 16] },
+  { reason: "unanswered", count: 1, first_indexes: [16] },
+];
+const ANTHROPIC_DROPPED: DroppedReport[] = [
+  { reason: "tool_result", count: 2, first_indexes: [2, 5] },
+  { reason: "tool_call", count: 2, first_indexes: [1, 5] },
+  { reason: "thinking", count: 2, first_indexes: [1, 5] },
+  { reason: "non_text", count: 1, first_indexes: [4] },
+  { reason: "superseded", count: 1, first_indexes: [1] },
 ];
 
 export function v11Suites(context: SuiteContext): void {
@@ -218,6 +250,283 @@ export function v11Suites(context: SuiteContext): void {
         lang.errors.map((e) => e.field),
         ["lang"],
       );
+    });
+  });
+
+  describe("regenerate", () => {
+    /** A session of three finalized turns (question i / ai), and its turns. */
+    const threeTurns = async () => {
+      const sessionId = await context.sessionWith(["a1", "a2", "a3"]);
+      const { turns } = await client().getHistory(sessionId, { format: "turns" });
+      const [first, second, third] = turns;
+      assert.ok(first && second && third);
+      return { sessionId, first, second, third };
+    };
+    const answers = async (sessionId: string): Promise<string[]> =>
+      (await client().getHistory(sessionId, { format: "turns" })).turns.map((t) => t.final_answer);
+
+    it("replaces a finalized turn's answer in place: same seq, question and start", async () => {
+      const { sessionId, second, third } = await threeTurns();
+      const replaced = await client().regenerateTurn(sessionId, second.turn_id, "b2");
+      assert.equal(replaced.session_id, sessionId);
+      const { turn } = replaced;
+      assert.deepEqual(
+        [turn.turn_id, turn.seq, turn.user_query, turn.started_at, turn.final_answer],
+        [second.turn_id, 2, "question 2", second.started_at, "b2"],
+      );
+      assert.ok(turn.finalized_at >= second.finalized_at);
+      // The newest turn too; the same answer again is the same answer.
+      await client().regenerateTurn(sessionId, third.turn_id, "b3");
+      const again = await client().regenerateTurn(sessionId, third.turn_id, "b3");
+      assert.deepEqual([again.turn.seq, again.turn.final_answer], [3, "b3"]);
+      const after = await client().getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        after.turns.map((t) => [t.seq, t.final_answer]),
+        [
+          [1, "a1"],
+          [2, "b2"],
+          [3, "b3"],
+        ],
+      );
+      assert.deepEqual(after.turns[1], turn);
+      assert.equal((await client().getSession(sessionId)).turn_count, 3);
+      // The session goes on after the regenerated turns.
+      assert.equal((await client().startTurn({ sessionId, userQuery: "q4" })).seq, 4);
+    });
+
+    it("keeps the question's English copy; the answer's is the new answer's, or none", async () => {
+      const sessionId = id("s");
+      const started = await client().startTurn({ sessionId, userQuery: "Was ist das?", userQueryEn: "What is it?" });
+      await client().finalizeTurn(sessionId, started.turn_id, { finalAnswer: "Ein Baum.", finalAnswerEn: "A tree." });
+      const plain = await client().regenerateTurn(sessionId, started.turn_id, "Ein Graph.");
+      assert.equal(plain.turn.user_query_en, "What is it?");
+      assert.equal(plain.turn.final_answer_en ?? null, null);
+      const copied = await client().regenerateTurn(sessionId, started.turn_id, {
+        finalAnswer: "Eine Liste.",
+        finalAnswerEn: "A list.",
+      });
+      assert.deepEqual([copied.turn.user_query_en, copied.turn.final_answer_en], ["What is it?", "A list."]);
+      const english = await client().getHistoryText(sessionId, { lang: "en" });
+      assert.ok(english.text.endsWith("User: What is it?\nAssistant: A list."), english.text);
+    });
+
+    it("refuses a turn the summary covers (409 turn_summarized), a pending one (409 turn_pending), an unknown one (404)", async () => {
+      const { sessionId, first, second, third } = await threeTurns();
+      await client().putSummary(sessionId, { summary: "q1 and q2.", throughSeq: 2 });
+      const covered = await turnstoreError(client().regenerateTurn(sessionId, second.turn_id, "b2"));
+      assert.equal(covered.status, 409);
+      assert.equal(covered.code, "turn_summarized");
+      assert.match(covered.detail, /through seq 2/);
+      assert.ok(covered.requestId);
+      assert.equal(covered.attempts, 1, "a 409 is not retried");
+      assert.equal((await turnstoreError(client().regenerateTurn(sessionId, first.turn_id, "b1"))).code, "turn_summarized");
+      const pending = await client().startTurn({ sessionId, userQuery: "q4" });
+      const notYet = await turnstoreError(client().regenerateTurn(sessionId, pending.turn_id, "b4"));
+      assert.deepEqual([notYet.status, notYet.code], [409, "turn_pending"]);
+      const unknown = await turnstoreError(client().regenerateTurn(sessionId, "0193a6f4-5c2e-7b1a-9a41-2f6d8e0c4b7a", "b"));
+      assert.deepEqual([unknown.status, unknown.code], [404, "turn_not_found"]);
+      const elsewhere = await turnstoreError(client().regenerateTurn(id("s"), third.turn_id, "b"));
+      assert.deepEqual([elsewhere.status, elsewhere.code], [404, "turn_not_found"]);
+      const blank = await turnstoreError(client().regenerateTurn(sessionId, third.turn_id, "   "));
+      assert.deepEqual(
+        [blank.status, blank.errors.map((e) => e.field)],
+        [422, ["final_answer"]],
+      );
+      const large = await turnstoreError(client().regenerateTurn(sessionId, third.turn_id, "x".repeat(200_000)));
+      assert.deepEqual([large.status, large.code], [413, "payload_too_large"]);
+      // Nothing changed; without the summary, the covered turns may change too.
+      assert.deepEqual(await answers(sessionId), ["a1", "a2", "a3"]);
+      await client().deleteSummary(sessionId);
+      await client().regenerateTurn(sessionId, first.turn_id, "b1");
+      await client().regenerateTurn(sessionId, second.turn_id, "b2");
+      assert.deepEqual(await answers(sessionId), ["b1", "b2", "a3"]);
+    });
+
+    it("retries a regenerate whose reply was lost, to the same answer", async () => {
+      const { sessionId, third } = await threeTurns();
+      const { client: lossy, faults } = context.faulty((_, index) => (index === 0 ? { kind: "lose-reply" } : undefined));
+      const { turn } = await lossy.regenerateTurn(sessionId, third.turn_id, { finalAnswer: "b3", finalAnswerEn: "b3 (en)" });
+      assert.deepEqual([turn.seq, turn.final_answer, turn.final_answer_en], [3, "b3", "b3 (en)"]);
+      const [first, second] = faults.seen;
+      assert.ok(first && second && faults.seen.length === 2);
+      assert.ok(first.path.endsWith(`/turns/${third.turn_id}/regenerate`), first.path);
+      assert.equal(second.body, first.body);
+      assert.deepEqual(JSON.parse(first.body), { final_answer: "b3", final_answer_en: "b3 (en)" });
+      assert.deepEqual(await answers(sessionId), ["a1", "a2", "b3"]);
+    });
+  });
+
+  describe("fork", () => {
+    /** Every finalized turn of the session, whole. */
+    const allTurns = async (sessionId: string): Promise<Turn[]> =>
+      (await client().getHistory(sessionId, { format: "turns", limit: 1_000, max_tokens: 10_000_000 })).turns;
+    /** A session of `userId` with `count` finalized turns, English copies included. */
+    const ownedSession = async (userId: string, count: number): Promise<string> => {
+      const sessionId = id("s");
+      for (let n = 1; n <= count; n += 1) {
+        const started = await client().startTurn({
+          sessionId,
+          userId,
+          userQuery: `Frage ${n}?`,
+          userQueryEn: `Question ${n}?`,
+        });
+        await client().finalizeTurn(sessionId, started.turn_id, { finalAnswer: `Antwort ${n}.`, finalAnswerEn: `Answer ${n}.` });
+      }
+      return sessionId;
+    };
+    /** A 409 `session_exists` with `Retry-After`, as the server answers while another fork into the id is under way. */
+    const busy = (): Fault => problem(409, "session_exists", { "retry-after": "1" });
+
+    it("copies the turns through a seq, as they are, with the summary and the owner; the fork goes on after them", async () => {
+      const userId = id("u");
+      const sessionId = await ownedSession(userId, 4);
+      await client().putSummary(sessionId, { summary: "The first two.", throughSeq: 2 });
+      await client().startTurn({ sessionId, userQuery: "pending, not copied" });
+      const source = await allTurns(sessionId);
+
+      const newSessionId = id("s");
+      const fork = await client().forkSession(sessionId, { newSessionId, throughSeq: 3, userId });
+      assert.deepEqual(fork, {
+        session_id: newSessionId,
+        forked_from: sessionId,
+        user_id: userId,
+        through_seq: 3,
+        copied_turns: 3,
+        summary: true,
+        replayed: false,
+      } satisfies ForkResult);
+      // Seqs, turn ids, texts, English copies, times.
+      assert.deepEqual(await allTurns(newSessionId), source.slice(0, 3));
+      assert.deepEqual(await client().getSummary(newSessionId), await client().getSummary(sessionId));
+      const session = await client().getSession(newSessionId);
+      assert.deepEqual([session.user_id, session.turn_count, session.pending_count], [userId, 3, 0]);
+      assert.notEqual(session.generation, (await client().getSession(sessionId)).generation);
+      const listed: string[] = [];
+      for await (const s of client().iterateUserSessions(userId)) listed.push(s.session_id);
+      assert.ok(listed.includes(newSessionId));
+      // "Edit question 4": the fork goes on at seq 4; the source is as it was.
+      assert.equal((await client().startTurn({ sessionId: newSessionId, userQuery: "Frage 4, bearbeitet?" })).seq, 4);
+      assert.deepEqual(await allTurns(sessionId), source);
+      assert.equal((await client().getSession(sessionId)).pending_count, 1);
+
+      // Through 1 the summary (through 2) stays behind; without throughSeq, through the newest.
+      const early = await client().forkSession(sessionId, { newSessionId: id("s"), throughSeq: 1 });
+      assert.deepEqual([early.copied_turns, early.summary, early.user_id], [1, false, userId]);
+      assert.equal(await turnstoreError(client().getSummary(early.session_id)).then((e) => e.code), "summary_not_found");
+      const whole = await client().forkSession(sessionId, { newSessionId: id("s") });
+      assert.deepEqual([whole.through_seq, whole.copied_turns, whole.summary], [4, 4, true]);
+      assert.deepEqual(await allTurns(whole.session_id), source);
+    });
+
+    it("gives an unowned session's fork to the user given, if any", async () => {
+      const sessionId = await context.sessionWith(["a1"]);
+      const userId = id("u");
+      const fork = await client().forkSession(sessionId, { newSessionId: id("s"), userId });
+      assert.equal(fork.user_id, userId);
+      assert.equal((await client().getSession(fork.session_id)).user_id, userId);
+      assert.equal((await client().getSession(sessionId)).user_id ?? null, null);
+      assert.equal((await client().forkSession(sessionId, { newSessionId: id("s") })).user_id, null);
+    });
+
+    it("replays a fork sent again with its key, even once the source is gone", async () => {
+      const sessionId = await ownedSession(id("u"), 3);
+      const newSessionId = id("s");
+      const key = id("k");
+      const first = await client().forkSession(sessionId, { newSessionId, throughSeq: 2 }, { idempotencyKey: key });
+      const again = await client().forkSession(sessionId, { newSessionId, throughSeq: 2 }, { idempotencyKey: key });
+      assert.equal(first.replayed, false);
+      assert.deepEqual(again, { ...first, replayed: true });
+      await client().clearSession(sessionId);
+      assert.deepEqual(await client().forkSession(sessionId, { newSessionId, throughSeq: 2 }, { idempotencyKey: key }), again);
+      assert.equal((await client().getSession(newSessionId)).turn_count, 2);
+      // The key with another body; another key: the id is taken, and that is not retried.
+      const reused = await turnstoreError(
+        client().forkSession(sessionId, { newSessionId, throughSeq: 1 }, { idempotencyKey: key }),
+      );
+      assert.deepEqual([reused.status, reused.code], [422, "idempotency_key_reused"]);
+      const taken = await turnstoreError(client().forkSession(sessionId, { newSessionId, throughSeq: 2 }));
+      assert.deepEqual([taken.status, taken.code, taken.retryAfter, taken.attempts], [409, "session_exists", undefined, 1]);
+    });
+
+    it("refuses an unknown source (404), another owner (403), a taken id (409), a wrong through_seq (422)", async () => {
+      const userId = id("u");
+      const sessionId = await ownedSession(userId, 2);
+      const taken = await context.sessionWith(["a"]);
+      const newSessionId = id("s");
+      const unknown = await turnstoreError(client().forkSession(id("s"), { newSessionId }));
+      assert.deepEqual([unknown.status, unknown.code], [404, "session_not_found"]);
+      const other = await turnstoreError(client().forkSession(sessionId, { newSessionId, userId: id("u") }));
+      assert.deepEqual([other.status, other.code], [403, "session_owner_mismatch"]);
+      const exists = await turnstoreError(client().forkSession(sessionId, { newSessionId: taken }));
+      assert.deepEqual([exists.status, exists.code, exists.attempts], [409, "session_exists", 1]);
+      const cases: [newSessionId: string, throughSeq: number | undefined, field: string][] = [
+        [newSessionId, 0, "through_seq"],
+        [newSessionId, 3, "through_seq"], // past the newest finalized turn (2)
+        [sessionId, undefined, "new_session_id"], // the source's own
+        ["bad id!", undefined, "new_session_id"],
+      ];
+      for (const [target, throughSeq, field] of cases) {
+        const invalid = await turnstoreError(client().forkSession(sessionId, { newSessionId: target, throughSeq }));
+        assert.deepEqual([invalid.status, invalid.code], [422, "validation_failed"]);
+        assert.ok(
+          invalid.errors.some((e) => e.field === field),
+          `${target} ${throughSeq}: ${JSON.stringify(invalid.errors)}`,
+        );
+      }
+      // Below the oldest turn kept: nothing to copy.
+      const [first] = await allTurns(sessionId);
+      assert.ok(first);
+      await client().abortTurn(sessionId, first.turn_id);
+      const below = await turnstoreError(client().forkSession(sessionId, { newSessionId, throughSeq: 1 }));
+      assert.match(below.detail, /oldest finalized seq \(2\)/);
+      // None of these made the fork.
+      assert.equal((await turnstoreError(client().getSession(newSessionId))).code, "session_not_found");
+      assert.deepEqual(
+        (await allTurns(taken)).map((t) => t.final_answer),
+        ["a"],
+      );
+    });
+
+    it("sends the fields given and one Idempotency-Key; a lost reply is replayed, not a 409", async () => {
+      const sessionId = await ownedSession(id("u"), 2);
+      const { client: recorded, faults: sent } = context.faulty(() => undefined);
+      await recorded.forkSession(sessionId, { newSessionId: `${sessionId}-a` });
+      await recorded.forkSession(sessionId, { newSessionId: `${sessionId}-b`, throughSeq: 1, userId: "" }, { idempotencyKey: "k-1" });
+      assert.deepEqual(
+        sent.seen.map((r) => JSON.parse(r.body) as unknown),
+        [{ new_session_id: `${sessionId}-a` }, { new_session_id: `${sessionId}-b`, through_seq: 1, user_id: "" }],
+      );
+      assert.equal(sent.seen[0]?.path, `/v1/sessions/${sessionId}/fork`);
+      assert.match(sent.seen[0]?.headers.get("idempotency-key") ?? "", UUID);
+      assert.equal(sent.seen[1]?.headers.get("idempotency-key"), "k-1");
+
+      const newSessionId = id("s");
+      const { client: lossy, faults } = context.faulty((_, index) => (index < 2 ? { kind: "lose-reply" } : undefined));
+      const fork = await lossy.forkSession(sessionId, { newSessionId, throughSeq: 1 });
+      assert.deepEqual([fork.replayed, fork.session_id, fork.copied_turns], [true, newSessionId, 1]);
+      assert.equal(faults.seen.length, 3);
+      assert.equal(new Set(faults.seen.map((r) => r.headers.get("idempotency-key"))).size, 1);
+      assert.deepEqual(await allTurns(newSessionId), (await allTurns(sessionId)).slice(0, 1));
+    });
+
+    it("waits out a 409 session_exists with Retry-After (a fork into the id under way) and tries again", async () => {
+      const sessionId = await ownedSession(id("u"), 2);
+      const { client: told, faults } = context.faulty((_, index) => (index < 2 ? busy() : undefined));
+      const fork = await told.forkSession(sessionId, { newSessionId: id("s") });
+      assert.deepEqual([fork.replayed, fork.copied_turns], [false, 2]);
+      assert.deepEqual(
+        faults.seen.map((r) => r.path),
+        Array(3).fill(`/v1/sessions/${sessionId}/fork`),
+      );
+      assert.equal(new Set(faults.seen.map((r) => r.headers.get("idempotency-key"))).size, 1);
+      // Only a fork waits so.
+      const { client: other, faults: once } = context.faulty(() => busy());
+      assert.equal((await turnstoreError(other.getSession(sessionId))).attempts, 1);
+      assert.equal(once.seen.length, 1);
+      // The retries run out: the error says when to call again.
+      const { client: always } = context.faulty(() => busy(), { maxRetries: 2 });
+      const error = await turnstoreError(always.forkSession(sessionId, { newSessionId: id("s") }));
+      assert.deepEqual([error.status, error.code, error.retryAfter, error.attempts], [409, "session_exists", 1, 3]);
     });
   });
 
@@ -880,6 +1189,193 @@ export function v11Suites(context: SuiteContext): void {
     });
   });
 
+  describe("distilled import (mode: distill)", () => {
+    /** Every turn of the session, as [question, answer]. */
+    const kept = async (sessionId: string): Promise<[string, string][]> =>
+      (await client().getHistory(sessionId, { format: "turns", limit: 1000 })).turns.map((t) => [
+        t.user_query,
+        t.final_answer,
+      ]);
+
+    it("keeps an OpenAI agent loop's questions and final answers, and reports what it dropped", async () => {
+      const sessionId = id("s");
+      const userId = id("u");
+      const imported = await client().importMessages(sessionId, {
+        mode: "distill",
+        messages: agentLoop("openai_agent_loop"),
+        userId,
+      });
+      assert.deepEqual(imported, {
+        session_id: sessionId,
+        user_id: userId,
+        imported_turns: 3,
+        first_seq: 1,
+        last_seq: 3,
+        dropped: OPENAI_DROPPED,
+        replayed: false,
+      });
+      assert.deepEqual(await kept(sessionId), [
+        [
+          "How do I rotate an API key?",
+          "Open Settings > API keys and choose Rotate; the old key keeps working for 24 hours.",
+        ],
+        [
+          "And if it leaked?\n\nIt was in a public repository.",
+          "Revoke it at once (done),\n\nthen audit the usage log for the last 24 hours.",
+        ],
+        ["Can you show me the key?", "I can't show secrets; rotate it again to get a new one."],
+      ]);
+      // The unanswered last question is no pending turn.
+      const session = await client().getSession(sessionId);
+      assert.deepEqual([session.turn_count, session.pending_count], [3, 0]);
+    });
+
+    it("keeps an Anthropic tool loop's questions and final answers; strict imports report nothing", async () => {
+      const sessionId = id("s");
+      const imported = await client().importMessages(sessionId, {
+        mode: "distill",
+        messages: agentLoop("anthropic_tool_loop"),
+      });
+      assert.deepEqual([imported.imported_turns, imported.first_seq, imported.last_seq], [2, 1, 2]);
+      assert.deepEqual(imported.dropped, ANTHROPIC_DROPPED);
+      assert.deepEqual(await kept(sessionId), [
+        ["What's the weather like in San Francisco?", "It's 15 °C in San Francisco, with fog."],
+        ["Is this the Golden Gate Bridge?", "Yes: the Golden Gate Bridge, seen from the Marin side."],
+      ]);
+      // Strict pairs distil to themselves: nothing dropped, [].
+      const plain = await client().importMessages(id("s"), { mode: "distill", messages: TRANSCRIPT });
+      assert.deepEqual([plain.imported_turns, plain.dropped], [2, []]);
+      // A strict import has no report at all, with or without its mode named.
+      const strict = await client().importMessages(id("s"), { messages: TRANSCRIPT });
+      assert.equal(strict.dropped, undefined);
+      assert.ok(!("dropped" in strict));
+      const named = await client().importMessages(id("s"), { mode: "strict", messages: TRANSCRIPT });
+      assert.equal(named.dropped, undefined);
+    });
+
+    it("sends mode only when given: a strict import's body is unchanged", async () => {
+      const { client: recorded, faults } = context.faulty(() => undefined);
+      await recorded.importMessages(id("s"), { messages: TRANSCRIPT, userId: "alice" });
+      await recorded.importMessages(id("s"), { mode: "distill", messages: TRANSCRIPT });
+      assert.deepEqual(
+        faults.seen.map((r) => JSON.parse(r.body) as unknown),
+        [
+          { messages: TRANSCRIPT, user_id: "alice" },
+          { messages: TRANSCRIPT, mode: "distill" },
+        ],
+      );
+    });
+
+    it("replays a distilled import sent again with its key, report included", async () => {
+      const sessionId = id("s");
+      const key = id("k");
+      const messages = agentLoop("anthropic_tool_loop");
+      const first = await client().importMessages(sessionId, { mode: "distill", messages }, { idempotencyKey: key });
+      const again = await client().importMessages(sessionId, { mode: "distill", messages }, { idempotencyKey: key });
+      assert.equal(first.replayed, false);
+      assert.deepEqual(again, { ...first, replayed: true });
+      assert.deepEqual(again.dropped, ANTHROPIC_DROPPED);
+      assert.equal((await client().getSession(sessionId)).turn_count, 2);
+      // The same key with other messages is another request.
+      const reused = await turnstoreError(
+        client().importMessages(sessionId, { mode: "distill", messages: messages.slice(0, -1) }, { idempotencyKey: key }),
+      );
+      assert.equal(reused.code, "idempotency_key_reused");
+    });
+
+    it("names every malformed message by its index, writing nothing", async () => {
+      const sessionId = id("s");
+      const malformed = JSON.parse(
+        JSON.stringify([
+          "hello",
+          { content: "no role" },
+          { role: "user", content: 42 },
+          { role: "wizard", content: "hi" },
+          { role: "user", content: [{ text: "no type" }] },
+          { role: "user", content: [{ type: "text" }] },
+        ]),
+      ) as TranscriptMessage[];
+      const error = await turnstoreError(client().importMessages(sessionId, { mode: "distill", messages: malformed }));
+      assert.equal(error.status, 422);
+      assert.equal(error.code, "validation_failed");
+      assert.deepEqual(
+        error.errors.map((e) => e.field),
+        [
+          "messages[0]",
+          "messages[1].role",
+          "messages[2].content",
+          "messages[3].role",
+          "messages[4].content",
+          "messages[5].content",
+        ],
+      );
+      assert.equal(error.attempts, 1);
+      // Nothing to import: instructions, and a question without its answer.
+      const nothing = await turnstoreError(
+        client().importMessages(sessionId, {
+          mode: "distill",
+          messages: [
+            { role: "system", content: "s" },
+            { role: "user", content: "q" },
+          ],
+        }),
+      );
+      assert.deepEqual(
+        nothing.errors.map((e) => e.field),
+        ["messages"],
+      );
+      assert.equal((await turnstoreError(client().getSession(sessionId))).code, "session_not_found");
+      // A mode the server does not know is named too.
+      const fuzzy = JSON.parse(JSON.stringify({ mode: "fuzzy", messages: TRANSCRIPT })) as ImportInput;
+      const unknown = await turnstoreError(client().importMessages(sessionId, fuzzy));
+      assert.deepEqual(
+        unknown.errors.map((e) => e.field),
+        ["mode"],
+      );
+    });
+
+    it("takes the messages' timestamps as the turns' times", async () => {
+      const sessionId = id("s");
+      const imported = await client().importMessages(sessionId, {
+        mode: "distill",
+        messages: [
+          { role: "system", content: "Be brief.", timestamp: "2026-11-20T08:59:00Z" },
+          { role: "user", content: "Hello?", timestamp: "2026-11-20T09:00:00Z" },
+          { role: "assistant", content: "Hi!", timestamp: "2026-11-20T10:00:04.250+01:00" },
+          { role: "user", content: "Bye.", timestamp: "2026-11-20T09:05:00Z" },
+          { role: "assistant", content: "Goodbye.", timestamp: "2026-11-20T09:05:00.5Z" },
+        ],
+      });
+      assert.deepEqual(imported.dropped, [{ reason: "instructions", count: 1, first_indexes: [0] }]);
+      const { turns } = await client().getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        turns.map((t) => [t.user_query, t.started_at, t.finalized_at]),
+        [
+          ["Hello?", "2026-11-20T09:00:00.000Z", "2026-11-20T09:00:04.250Z"],
+          ["Bye.", "2026-11-20T09:05:00.000Z", "2026-11-20T09:05:00.500Z"],
+        ],
+      );
+      // Times given for one exchange only: named, and nothing is written.
+      const partial = id("s");
+      const error = await turnstoreError(
+        client().importMessages(partial, {
+          mode: "distill",
+          messages: [
+            { role: "user", content: "q1", timestamp: "2026-11-20T09:00:00Z" },
+            { role: "assistant", content: "a1", timestamp: "2026-11-20T09:00:01Z" },
+            { role: "user", content: "q2" },
+            { role: "assistant", content: "a2" },
+          ],
+        }),
+      );
+      assert.ok(
+        error.errors.some((e) => e.field === "messages[2].timestamp"),
+        JSON.stringify(error.errors),
+      );
+      assert.equal((await turnstoreError(client().getSession(partial))).code, "session_not_found");
+    });
+  });
+
   describe("export", () => {
     /** A user with `count` sessions of two imported turns each. */
     const userWithSessions = async (count: number): Promise<string> => {
@@ -1075,6 +1571,149 @@ export function v11Suites(context: SuiteContext): void {
         /caller gave up/,
       );
       assert.equal(seen.length, 1);
+    });
+  });
+
+  describe("export as transcripts (format=messages)", () => {
+    /** A transcript's messages as an exported session's turns make them. */
+    const asMessages = (session: ExportedSession): ExportedTranscript => {
+      const { turns, ...rest } = session;
+      return {
+        ...rest,
+        messages: turns.flatMap((t) => [
+          { role: "user" as const, content: t.user_query, timestamp: t.started_at },
+          { role: "assistant" as const, content: t.final_answer, timestamp: t.finalized_at },
+        ]),
+      };
+    };
+    /** Every turn of a session: question, answer and times. */
+    const turnsOf = async (sessionId: string): Promise<string[][]> =>
+      (await client().getHistory(sessionId, { format: "turns", limit: 1_000 })).turns.map((t) => [
+        t.user_query,
+        t.final_answer,
+        t.started_at,
+        t.finalized_at,
+      ]);
+
+    it("exports the sessions of exportUser, in its order, their turns as messages at the turns' times", async () => {
+      const userId = id("u");
+      const timed = id("s");
+      await client().importMessages(timed, {
+        mode: "distill",
+        userId,
+        messages: [
+          { role: "user", content: "Hello?", timestamp: "2026-11-20T09:00:00Z" },
+          { role: "assistant", content: "Hi.", timestamp: "2026-11-20T09:00:04.250Z" },
+          { role: "user", content: "Bye.", timestamp: "2026-11-20T10:05:00+01:00" },
+          { role: "assistant", content: "Goodbye.", timestamp: "2026-11-20T09:05:00.5Z" },
+        ],
+      });
+      const summary = await client().putSummary(timed, { summary: "Greetings.", throughSeq: 1 });
+      const live = id("s");
+      const started = await client().startTurn({ sessionId: live, userId, userQuery: "Wie?", userQueryEn: "How?" });
+      await client().finalizeTurn(live, started.turn_id, { finalAnswer: "So.", finalAnswerEn: "Like so." });
+      await client().startTurn({ sessionId: live, userQuery: "pending, not exported" });
+      const pendingOnly = id("s");
+      await client().startTurn({ sessionId: pendingOnly, userId, userQuery: "only pending" });
+
+      const transcripts = await drain(client().exportTranscripts(userId));
+      const sessions = await drain(client().exportUser(userId));
+      assert.deepEqual(transcripts, sessions.map(asMessages));
+      const byId = new Map(transcripts.map((t) => [t.session_id, t]));
+      assert.deepEqual(new Set(byId.keys()), new Set([timed, live, pendingOnly]));
+      assert.deepEqual(byId.get(timed)?.summary, summary);
+      assert.deepEqual(byId.get(timed)?.messages, [
+        { role: "user", content: "Hello?", timestamp: "2026-11-20T09:00:00.000Z" },
+        { role: "assistant", content: "Hi.", timestamp: "2026-11-20T09:00:04.250Z" },
+        { role: "user", content: "Bye.", timestamp: "2026-11-20T09:05:00.000Z" },
+        { role: "assistant", content: "Goodbye.", timestamp: "2026-11-20T09:05:00.500Z" },
+      ]);
+      // The originals, not the English copies; no summary, no key.
+      assert.deepEqual(
+        byId.get(live)?.messages.map((m) => [m.role, m.content]),
+        [
+          ["user", "Wie?"],
+          ["assistant", "So."],
+        ],
+      );
+      assert.equal("summary" in (byId.get(live) ?? {}), false);
+      assert.deepEqual(byId.get(pendingOnly)?.messages, []);
+      assert.deepEqual(await drain(client().exportTranscripts(id("u"))), []);
+    });
+
+    it("imports back as it was: each transcript's messages, with mode distill, make the same turns at the same times", async () => {
+      const userId = id("u");
+      const copies = id("u");
+      const timed = id("s");
+      await client().importMessages(timed, {
+        mode: "distill",
+        userId,
+        messages: [
+          { role: "user", content: "q1", timestamp: "2026-11-20T09:00:00Z" },
+          { role: "assistant", content: "a1", timestamp: "2026-11-20T09:00:01.5Z" },
+          { role: "user", content: "q2", timestamp: "2026-11-20T09:01:00.001Z" },
+          { role: "assistant", content: "a2", timestamp: "2026-11-20T09:01:00.001Z" },
+        ],
+      });
+      const live = id("s");
+      let last = "";
+      for (const n of [1, 2, 3]) {
+        const started = await client().startTurn({ sessionId: live, userId, userQuery: `live q${n}` });
+        await client().finalizeTurn(live, started.turn_id, `live a${n}`);
+        last = started.turn_id;
+      }
+      await client().regenerateTurn(live, last, "live a3, again");
+
+      const copied = new Map<string, string>();
+      for await (const { session_id, messages } of client().exportTranscripts(userId)) {
+        const copy = id("s");
+        const imported = await client().importMessages(copy, { mode: "distill", messages, userId: copies });
+        assert.deepEqual([imported.imported_turns, imported.dropped], [messages.length / 2, []]);
+        copied.set(session_id, copy);
+      }
+      assert.deepEqual(new Set(copied.keys()), new Set([timed, live]));
+      for (const [original, copy] of copied) assert.deepEqual(await turnsOf(copy), await turnsOf(original));
+      assert.deepEqual((await turnsOf(copied.get(live) ?? "")).at(-1)?.slice(0, 2), ["live q3", "live a3, again"]);
+    });
+
+    it("asks for format=messages (exportUser for no format), and refuses a line of sessions", async () => {
+      const userId = id("u");
+      await client().importMessages(id("s"), { messages: TRANSCRIPT, userId });
+      const queries: string[] = [];
+      const watching = new TurnstoreClient({
+        baseUrl: context.baseUrl,
+        fetch: (request) => {
+          queries.push(new URL(request.url).search);
+          return fetch(request);
+        },
+      });
+      assert.equal((await drain(watching.exportTranscripts(userId))).length, 1);
+      assert.equal((await drain(watching.exportUser(userId))).length, 1);
+      assert.deepEqual(queries, ["?format=messages", ""]);
+
+      const { client: garbled } = context.faulty(() => ({
+        kind: "rewrite",
+        rewrite: async (response) =>
+          new Response('{"session_id":"s","turns":[]}\n', { headers: ndjsonHeaders(response) }),
+      }));
+      const { seen, error } = await drainUntilError(garbled.exportTranscripts(userId));
+      assert.equal(error.code, "unexpected_response");
+      assert.match(error.detail, /not a transcript \(session_id, messages\)/);
+      assert.equal(seen.length, 0);
+    });
+
+    it("throws export_incomplete after the whole transcripts when the body ends inside a line", async () => {
+      const userId = id("u");
+      for (let i = 0; i < 3; i += 1) await client().importMessages(id("s"), { messages: TRANSCRIPT, userId });
+      const { client: cutting } = context.faulty(() => ({
+        kind: "rewrite",
+        rewrite: async (response) => new Response((await response.text()).slice(0, -40), { headers: ndjsonHeaders(response) }),
+      }));
+      const { seen, error } = await drainUntilError(cutting.exportTranscripts(userId));
+      assert.equal(error.code, "export_incomplete");
+      assert.equal(error.status, 200);
+      assert.equal(seen.length, 2);
+      for (const transcript of seen) assert.equal(transcript.messages.length, 4);
     });
   });
 }

@@ -185,6 +185,23 @@ local function tally(members, sign, left, sums)
   end
 end
 
+-- A finalized turn's member with its English block (EN_COSTS) and its
+-- English record, or the member as it is and false when it has no copy:
+-- `query_en` the question's copy or false, eq and eu its counts (the
+-- question's own without one); a, s, l the answer's counts, `answer_en`
+-- its copy or '', ea, es, el that copy's.
+local function with_english(member, query, answer, query_en, eq, eu, a, s, l, answer_en, ea, es, el)
+  if not query_en and answer_en == '' then return member, false end
+  local flags, qb_en, ab_en = 0, #query, #answer
+  if query_en then flags, qb_en = 1, #query_en end
+  if answer_en ~= '' then
+    flags, a, s, l, ab_en = flags + 2, ea, es, el, #answer_en
+  end
+  return member .. struct.pack(EN_COSTS, flags, eq, eu, a, s, l, qb_en, ab_en),
+    (query_en and #query_en or '-') .. ' ' .. ((answer_en ~= '') and #answer_en or '-') .. '\n' ..
+    (query_en or '') .. answer_en
+end
+
 -- A finalized record's head and tail (nil when both texts fit the head).
 local function split(header, query, answer)
   -- (string.sub makes, and hashes, a string even when it is the whole one.)

@@ -29,23 +29,13 @@ local header = seq .. ' ' .. started .. ' ' .. string.format('%d', now) .. ' ' .
 local member = tid .. struct.pack(COSTS, qe, ARGV[4], tonumber(q), tonumber(u), a, s, l, #query, #answer)
 
 -- English copies: the question's was kept at start, the answer's comes now.
-local answer_en = ARGV[5]
-local english = false
-if got[3] or answer_en ~= '' then
-  local flags, eq, eu, query_en = 0, tonumber(q), tonumber(u), ''
-  if got[3] then
-    local cq, cu, at = string.match(got[3], '^(%d+) (%d+)\n()')
-    flags, eq, eu, query_en = 1, tonumber(cq), tonumber(cu), string.sub(got[3], at)
-  end
-  local qb_en, ab_en = #query, #answer
-  if flags == 1 then qb_en = #query_en end
-  if answer_en ~= '' then
-    flags, a, s, l, ab_en = flags + 2, ea, es, el, #answer_en
-  end
-  member = member .. struct.pack(EN_COSTS, flags, eq, eu, a, s, l, qb_en, ab_en)
-  english = ((flags % 2 == 1) and #query_en or '-') .. ' ' ..
-    ((answer_en ~= '') and #answer_en or '-') .. '\n' .. query_en .. answer_en
+local query_en, eq, eu = false, tonumber(q), tonumber(u)
+if got[3] then
+  local cq, cu, at = string.match(got[3], '^(%d+) (%d+)\n()')
+  query_en, eq, eu = string.sub(got[3], at), tonumber(cq), tonumber(cu)
 end
+local english
+member, english = with_english(member, query, answer, query_en, eq, eu, a, s, l, ARGV[5], ea, es, el)
 
 local head, tail = split(header, query, answer)
 local fields = {tid, head}

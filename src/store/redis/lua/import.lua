@@ -3,8 +3,8 @@
 -- owner's entry must reach past now + this), time of the index entry the
 -- caller wrote (0: none); 2 user_id or '', 3 idempotency key or '', 4
 -- request hash, 5 user the caller wrote an index entry for, or ''; then
--- three arguments a turn: its member without the seq (turn id .. COSTS),
--- its question, its answer.
+-- four arguments a turn: its member without the seq (turn id .. COSTS),
+-- '<started> <finalized>' (ms), its question, its answer.
 -- Returns {'ok'|'replay', owner, first seq, last seq, 1 when the caller
 --   must move the owner's index entry to the top (see activity), the ids
 --   of trimmed turns whose records the caller frees (forget_turns.lua)} |
@@ -31,7 +31,7 @@ end
 local mine = redis.call('HGET', KEYS[2], string.sub(ARGV[6], 1, ID))
 if mine then
   local at = tonumber(string.match(mine, '^(%d+)'))
-  return {'ok', owner or '', at, at + (#ARGV - 5) / 3 - 1, 0, {}}
+  return {'ok', owner or '', at, at + (#ARGV - 5) / 4 - 1, 0, {}}
 end
 
 local claim = acc == 'claim'
@@ -48,12 +48,11 @@ end
 local first = tonumber(meta[4] or '0') + 1
 local seq = first - 1
 local records, members, added = {}, {}, {}
-local at = string.format('%d', now)
-for i = 6, #ARGV, 3 do
+for i = 6, #ARGV, 4 do
   seq = seq + 1
-  local member, query, answer = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local member, times, query, answer = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local id = string.sub(member, 1, ID)
-  local head, tail = split(seq .. ' ' .. at .. ' ' .. at .. ' - ' .. #query, query, answer)
+  local head, tail = split(seq .. ' ' .. times .. ' - ' .. #query, query, answer)
   records[#records + 1] = id
   records[#records + 1] = head
   if tail then
