@@ -74,6 +74,14 @@ def test_the_readme_rag_flow_runs(server: Server, which: str) -> None:
     assert "User: How do I build one?" in stdout
 
 
+# The history the framework examples leave: two questions, each answered by
+# a stand-in model that echoes it.
+ECHOED_HISTORY = (
+    "### Conversation history:\n"
+    "User: What is a vector index?\nAssistant: You asked: What is a vector index?\n\n"
+    "User: How do I build one?\nAssistant: You asked: How do I build one?\n"
+)
+
 # What each section's example prints: the exact output, or (for the export,
 # whose ids get the run's suffix and whose order may tie) a check of it.
 EXPECTED: Dict[str, Union[str, Callable[[str, str], bool]]] = {
@@ -111,6 +119,21 @@ EXPECTED: Dict[str, Union[str, Callable[[str, str], bool]]] = {
         "1 HNSW.\n"
         "turn_summarized\n"
         "### Conversation history:\nUser: Name a vector index.\nAssistant: HNSW.\n"
+    ),
+    "LangChain": (
+        "An index of embeddings.\n"
+        "Never\n"
+        "### Conversation history:\n"
+        "User: What is a vector index?\nAssistant: An index of embeddings.\n"
+    ),
+    "LlamaIndex": (
+        "You asked: What is a vector index?\nYou asked: How do I build one?\n" + ECHOED_HISTORY
+    ),
+    "OpenAI Agents SDK": (
+        "You asked: What is a vector index?\nYou asked: How do I build one?\n4\n" + ECHOED_HISTORY
+    ),
+    "LangGraph": (
+        "2 You asked: What is a vector index?\n4 You asked: How do I build one?\n" + ECHOED_HISTORY
     ),
     "Editing a question": (
         "1 False\n"
@@ -298,7 +321,7 @@ def test_install_lines_work_from_a_clone() -> None:
         re.M | re.S,
     )
     assert extras
-    known_extras = set(re.findall(r"^(\w+) = ", extras.group(1), re.M))
+    known_extras = set(re.findall(r"^([\w-]+) = ", extras.group(1), re.M))
     checked = 0
     for readme in INSTALL_READMES:
         for tool, args in install_lines(readme):

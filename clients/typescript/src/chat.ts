@@ -29,11 +29,18 @@ export interface ChatMessagesInput {
 export function chatMessages(input: ChatMessagesInput): ChatMessage[] {
   const messages: ChatMessage[] = [];
   if (input.system) messages.push({ role: "system", content: input.system });
-  for (const message of historyMessages(input.history)) {
-    messages.push(toChatMessage(message));
-  }
+  messages.push(...historyChatMessages(input.history));
   messages.push({ role: "user", content: input.userQuery });
   return messages;
+}
+
+/**
+ * The history's messages as chat messages, oldest first (a `summary: true`
+ * history's summary first, as a `system` message). Not exported from the
+ * package's index: what the framework adapters build their messages from.
+ */
+export function historyChatMessages(history: HistoryResponse | readonly HistoryMessage[] | undefined): ChatMessage[] {
+  return historyMessages(history).map(toChatMessage);
 }
 
 function historyMessages(

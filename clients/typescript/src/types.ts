@@ -136,6 +136,14 @@ export type HistoryOptions = WindowChoice &
           template?: never;
         })
   );
+/**
+ * History options of a read in `messages` format, as the framework adapters
+ * (`turnstore-client/langchain`, `turnstore-client/ai`) take them: the
+ * selection and the exact budget (`max_tokens` with `model` or `encoding`,
+ * `limit`, `summary`, `keep_first`, `window`, `chat_template`, …). The format
+ * is always `messages`: another `format`, or a `template`, does not fit.
+ */
+export type MessagesHistoryOptions = HistoryOptions & { format?: "messages"; template?: never };
 /** History options of the text/plain rendering, which has one format (and no chat template). */
 export type TextHistoryOptions = Omit<HistoryQuery, "format" | ChatTemplateOption | WindowOption> &
   WindowChoice;

@@ -2,6 +2,9 @@
 // package as a fresh checkout has it (no node_modules, no dist), runs
 // `npm install <that folder>` in an empty folder, then imports the package
 // there (ESM, CommonJS and TypeScript) and uses it against a real server.
+// Then the project installs the frameworks of the adapters (ai,
+// @langchain/core: its own copies, as an application has them) and uses
+// `turnstore-client/ai` and `turnstore-client/langchain` with them.
 // Exits non-zero on any failure; keeps the temporary folder for inspection
 // when it fails.
 import assert from "node:assert/strict";
@@ -49,6 +52,47 @@ const { TurnstoreClient } = require("turnstore-client");
 console.log(typeof TurnstoreClient);
 `;
 
+// The adapters with the project's own framework packages (not the folder's):
+// a fake model each, the turns they keep read back.
+const ADAPTERS_SMOKE = `
+import { TurnstoreClient } from "turnstore-client";
+import { streamTurn } from "turnstore-client/ai";
+import { TurnstoreChatMessageHistory } from "turnstore-client/langchain";
+import { simulateReadableStream } from "ai";
+import { MockLanguageModelV4 } from "ai/test";
+import { RunnableWithMessageHistory } from "@langchain/core/runnables";
+import { FakeListChatModel } from "@langchain/core/utils/testing";
+const client = new TurnstoreClient({ baseUrl: process.env.TURNSTORE_URL });
+const usage = {
+  inputTokens: { total: 1, noCache: 1, cacheRead: undefined, cacheWrite: undefined },
+  outputTokens: { total: 1, text: 1, reasoning: undefined },
+};
+const model = new MockLanguageModelV4({
+  doStream: async () => ({
+    stream: simulateReadableStream({
+      chunks: [
+        { type: "text-start", id: "t" },
+        { type: "text-delta", id: "t", delta: "a1" },
+        { type: "text-end", id: "t" },
+        { type: "finish", finishReason: { unified: "stop", raw: undefined }, usage },
+      ],
+    }),
+  }),
+});
+const { result, done } = await streamTurn(client, { sessionId: "ai-smoke", userQuery: "q1" }, { model });
+let text = "";
+for await (const delta of result.textStream) text += delta;
+const { status } = await done;
+const chain = new RunnableWithMessageHistory({
+  runnable: new FakeListChatModel({ responses: ["a2"] }),
+  getMessageHistory: (sessionId) => new TurnstoreChatMessageHistory({ client, sessionId }),
+});
+const reply = await chain.invoke("q2", { configurable: { sessionId: "lc-smoke" } });
+const turns = async (sessionId) =>
+  (await client.getHistory(sessionId, { format: "turns" })).turns.map((t) => [t.user_query, t.final_answer]);
+console.log(JSON.stringify({ text, status, reply: reply.text, ai: await turns("ai-smoke"), langchain: await turns("lc-smoke") }));
+`;
+
 const TS_SMOKE = `
 import { TurnstoreClient, type Turn } from "turnstore-client";
 const client = new TurnstoreClient({ baseUrl: "http://127.0.0.1:1" });
@@ -71,11 +115,26 @@ const README_EXAMPLES = [
   "Import and export",
 ];
 
-/** Those blocks, by file name. */
-function readmeExamples(): Map<string, string> {
+/** The sections of the adapters' examples, which import their framework too. */
+const ADAPTER_EXAMPLES = ["LangChain.js", "Vercel AI SDK"];
+
+/** The framework packages of the adapters, at the versions the folder's lockfile has. */
+function frameworkPackages(): string[] {
+  const lock = JSON.parse(readFileSync(join(packageDir, "package-lock.json"), "utf8")) as {
+    packages: Record<string, { version?: string }>;
+  };
+  return ["ai", "@langchain/core"].map((name) => {
+    const version = lock.packages[`node_modules/${name}`]?.version;
+    assert.ok(version, `package-lock.json has no ${name}`);
+    return `${name}@${version}`;
+  });
+}
+
+/** The first ```ts blocks of those sections, by file name. */
+function readmeExamples(sections: string[]): Map<string, string> {
   const readme = readFileSync(join(packageDir, "README.md"), "utf8");
   const files = new Map<string, string>();
-  for (const section of README_EXAMPLES) {
+  for (const section of sections) {
     const body = readme.split(`\n## ${section}\n`)[1]?.split("\n## ")[0] ?? "";
     const block = /```ts\n([\s\S]*?)```/.exec(body)?.[1];
     assert.ok(block, `README.md has no \`\`\`ts block under ## ${section}`);
@@ -101,34 +160,49 @@ async function main(): Promise<void> {
 
   // 3. It imports and works against a real server.
   const server = await startTurnstore();
+  const withServer = { ...process.env, TURNSTORE_URL: server.baseUrl };
   try {
     writeFileSync(join(consumer, "smoke.mjs"), ESM_SMOKE);
-    const output = run(process.execPath, ["smoke.mjs"], consumer, {
-      ...process.env,
-      TURNSTORE_URL: server.baseUrl,
-    });
+    const output = run(process.execPath, ["smoke.mjs"], consumer, withServer);
     assert.deepEqual(JSON.parse(output), {
       answer: "An index for vectors (1)",
       text: "### Conversation history:\nUser: What is a vector index?\nAssistant: An index for vectors (1)",
       code: "session_not_found",
     });
+    writeFileSync(join(consumer, "smoke.cjs"), CJS_SMOKE);
+    assert.equal(run(process.execPath, ["smoke.cjs"], consumer).trim(), "function");
+    // The core installed nothing of the adapters' frameworks into the project.
+    for (const name of ["ai", "@langchain/core"]) {
+      assert.ok(!existsSync(join(consumer, "node_modules", name)), `installing the client installed ${name}`);
+    }
+
+    // 4. The project installs the frameworks (its own copies) and uses the adapters with them.
+    run("npm", ["install", "--no-audit", "--no-fund", ...frameworkPackages()], consumer);
+    writeFileSync(join(consumer, "adapters.mjs"), ADAPTERS_SMOKE);
+    assert.deepEqual(JSON.parse(run(process.execPath, ["adapters.mjs"], consumer, withServer)), {
+      text: "a1",
+      status: "finalized",
+      reply: "a2",
+      ai: [["q1", "a1"]],
+      langchain: [["q2", "a2"]],
+    });
   } finally {
     await server.stop();
   }
-  writeFileSync(join(consumer, "smoke.cjs"), CJS_SMOKE);
-  assert.equal(run(process.execPath, ["smoke.cjs"], consumer).trim(), "function");
 
-  // 4. Its types resolve for a TypeScript consumer, and the README's examples compile.
+  // 5. Its types resolve for a TypeScript consumer, and the README's examples compile.
   writeFileSync(join(consumer, "smoke.ts"), TS_SMOKE);
-  const examples = readmeExamples();
-  for (const [name, text] of examples) writeFileSync(join(consumer, name), text);
+  const examples = readmeExamples(README_EXAMPLES);
+  const adapterExamples = readmeExamples(ADAPTER_EXAMPLES);
+  for (const [name, text] of [...examples, ...adapterExamples]) writeFileSync(join(consumer, name), text);
   const tsc = join(checkout, "node_modules", "typescript", "bin", "tsc");
-  run(
-    process.execPath,
-    [tsc, "--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022",
-      "smoke.ts", ...examples.keys()],
-    consumer,
-  );
+  const strict = ["--noEmit", "--strict", "--module", "nodenext", "--moduleResolution", "nodenext", "--target", "es2022"];
+  // The client's own declarations, checked too.
+  run(process.execPath, [tsc, ...strict, "smoke.ts", ...examples.keys()], consumer);
+  // The frameworks' declarations need more than this project has (@types/node,
+  // @types/json-schema, lib esnext.disposable): an application compiles them
+  // with skipLibCheck, as the Next.js and Vite templates do.
+  run(process.execPath, [tsc, ...strict, "--skipLibCheck", ...adapterExamples.keys()], consumer);
 }
 
 try {

@@ -1,10 +1,14 @@
-// README.md's rolling-summary loop, regenerate, edit (fork), import/export and other
-// examples, run as they are written: each ```ts block is transpiled into dist-test/ (where
+// README.md's rolling-summary loop, regenerate, edit (fork), import/export, LangChain.js,
+// Vercel AI SDK and other examples, run as they are written: each ```ts block is transpiled into dist-test/ (where
 // "turnstore-client" resolves to this package) and imported. check-install
 // type-checks the same blocks as a consumer project would.
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
 import { after, before, describe, it } from "node:test";
+import type { BaseChatModel } from "@langchain/core/language_models/chat_models";
+import { FakeListChatModel, FakeStreamingChatModel } from "@langchain/core/utils/testing";
+import { type LanguageModel, simulateReadableStream } from "ai";
+import { MockLanguageModelV4 } from "ai/test";
 import {
   type ExportedSession,
   type HistoryOptions,
@@ -33,6 +37,18 @@ async function readmeModule(section: string): Promise<Record<string, unknown>> {
   const file = new URL(`./readme-${section.toLowerCase().replace(/\W+/g, "-")}.js`, import.meta.url);
   writeFileSync(file, outputText);
   return (await import(file.href)) as Record<string, unknown>;
+}
+
+/** That block as a module, imported with TURNSTORE_URL set: its client is made from the environment. */
+async function readmeModuleAt(section: string, baseUrl: string): Promise<Record<string, unknown>> {
+  const saved = process.env["TURNSTORE_URL"];
+  process.env["TURNSTORE_URL"] = baseUrl;
+  try {
+    return await readmeModule(section);
+  } finally {
+    if (saved === undefined) delete process.env["TURNSTORE_URL"];
+    else process.env["TURNSTORE_URL"] = saved;
+  }
 }
 
 interface RollingSummaries {
@@ -399,6 +415,97 @@ describe("README examples against the real server", () => {
       );
       const xml = await templates.xmlHistory(sessionId);
       assert.match(xml, /<turn role="user">What is a vector index\?<\/turn>/);
+    });
+  });
+
+  describe("LangChain.js: chat (RunnableWithMessageHistory) and ask (by hand)", () => {
+    interface LangChainExample {
+      chat(model: BaseChatModel): {
+        invoke(input: { question: string }, config: { configurable: { sessionId: string } }): Promise<{ text: string }>;
+      };
+      ask(model: BaseChatModel, sessionId: string, question: string): Promise<string>;
+    }
+    it("keeps each exchange as a turn, and nothing of a question whose model failed", async () => {
+      const example = (await readmeModuleAt("LangChain.js", server.baseUrl)) as unknown as LangChainExample;
+      const sessionId = id("readme-langchain");
+      const chain = example.chat(new FakeListChatModel({ responses: ["answer 1", "answer 2"] }));
+      assert.equal((await chain.invoke({ question: "question 1" }, { configurable: { sessionId } })).text, "answer 1");
+      assert.equal((await chain.invoke({ question: "question 2" }, { configurable: { sessionId } })).text, "answer 2");
+      assert.equal(await example.ask(new FakeListChatModel({ responses: ["answer 3"] }), sessionId, "question 3"), "answer 3");
+      const failing = new FakeStreamingChatModel({ thrownErrorString: "model down" });
+      await assert.rejects(example.ask(failing, sessionId, "question 4"), /model down/);
+      const history = await turnstore.getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        history.turns.map((t) => [t.user_query, t.final_answer]),
+        [
+          ["question 1", "answer 1"],
+          ["question 2", "answer 2"],
+          ["question 3", "answer 3"],
+        ],
+      );
+      assert.equal(history.pending_turns, 0);
+    });
+  });
+
+  describe("Vercel AI SDK: chatRoute", () => {
+    interface AiExample {
+      chatRoute(model: LanguageModel): (request: Request) => Promise<Response>;
+    }
+    const post = (sessionId: string, question: string): Request =>
+      new Request("http://localhost/api/chat", { method: "POST", body: JSON.stringify({ sessionId, question }) });
+    const usage = {
+      inputTokens: { total: 1, noCache: 1, cacheRead: undefined, cacheWrite: undefined },
+      outputTokens: { total: 1, text: 1, reasoning: undefined },
+    };
+    it("streams the answer of the model, which got the history; a failing model leaves nothing", async () => {
+      const example = (await readmeModuleAt("Vercel AI SDK", server.baseUrl)) as unknown as AiExample;
+      let calls = 0;
+      const model = new MockLanguageModelV4({
+        doStream: async () => ({
+          stream: simulateReadableStream({
+            chunks: [
+              { type: "text-start", id: "t" },
+              { type: "text-delta", id: "t", delta: `answer ` },
+              { type: "text-delta", id: "t", delta: `${++calls}` },
+              { type: "text-end", id: "t" },
+              { type: "finish", finishReason: { unified: "stop", raw: undefined }, usage },
+            ],
+          }),
+        }),
+      });
+      const route = example.chatRoute(model);
+      const sessionId = id("readme-ai");
+      assert.equal(await (await route(post(sessionId, "question 1"))).text(), "answer 1");
+      assert.equal(await (await route(post(sessionId, "question 2"))).text(), "answer 2");
+      const prompt = model.doStreamCalls[1]?.prompt.map((m) => m.role);
+      assert.deepEqual(prompt, ["system", "user", "assistant", "user"]);
+      const failing = example.chatRoute(
+        new MockLanguageModelV4({
+          doStream: async () => {
+            throw new Error("model down");
+          },
+        }),
+      );
+      // streamText logs a model error when no onError is given (the example gives none).
+      const logged: unknown[] = [];
+      const log = console.error;
+      console.error = (error: unknown) => void logged.push(error);
+      try {
+        const response = await failing(post(sessionId, "question 3"));
+        await response.text().catch(() => "");
+      } finally {
+        console.error = log;
+      }
+      assert.match(String(logged[0]), /model down/);
+      const history = await turnstore.getHistory(sessionId, { format: "turns" });
+      assert.deepEqual(
+        history.turns.map((t) => [t.user_query, t.final_answer]),
+        [
+          ["question 1", "answer 1"],
+          ["question 2", "answer 2"],
+        ],
+      );
+      assert.equal(history.pending_turns, 0);
     });
   });
 });

@@ -32,6 +32,12 @@ import {
   type paths,
 } from "turnstore-client";
 
+import type { BaseListChatMessageHistory } from "@langchain/core/chat_history";
+import type { OutputInterface, StreamTextResult, ToolSet } from "ai";
+import { MockLanguageModelV4 } from "ai/test";
+import { type TurnOutcome, streamTurn } from "turnstore-client/ai";
+import { TurnstoreChatMessageHistory } from "turnstore-client/langchain";
+
 type Equals<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 
 export async function typeChecks(client: TurnstoreClient): Promise<void> {
@@ -321,4 +327,32 @@ export async function typeChecks(client: TurnstoreClient): Promise<void> {
     error.code === "turn_summarized",
   ];
   void codes;
+
+  // The adapters: a LangChain list history; streamText's result and options.
+  const history: BaseListChatMessageHistory = new TurnstoreChatMessageHistory({
+    client,
+    sessionId: "s",
+    history: { max_tokens: 2000, model: "gpt-4o", summary: true },
+  });
+  void history;
+  new TurnstoreChatMessageHistory({
+    client,
+    sessionId: "s",
+    // @ts-expect-error the history is in messages format
+    history: { format: "text" },
+  });
+  // @ts-expect-error a template renders text, not messages
+  new TurnstoreChatMessageHistory({ client, sessionId: "s", history: { template: "xml" } });
+  const model = new MockLanguageModelV4();
+  const streamed = await streamTurn(client, { userQuery: "q", history: { limit: 5 } }, { model, maxOutputTokens: 100 });
+  const result: StreamTextResult<ToolSet, Record<string, unknown>, OutputInterface<string, string, never>> =
+    streamed.result;
+  const answer: PromiseLike<string> = streamed.result.text;
+  const outcome: TurnOutcome = await streamed.done;
+  const historyMessages: { role: string; content: string }[] = streamed.turn.history.messages;
+  void [result, answer, outcome, historyMessages];
+  // @ts-expect-error the turn makes the messages
+  await streamTurn(client, { userQuery: "q" }, { model, messages: [] });
+  // @ts-expect-error the turn makes the prompt
+  await streamTurn(client, { userQuery: "q" }, { model, prompt: "p" });
 }

@@ -13,9 +13,12 @@ finalize it with the answer, or abort it when the pipeline fails::
 
 :class:`Client` is synchronous, :class:`AsyncClient` the same API awaited.
 Errors are :class:`TurnstoreError` subclasses; transient failures are
-retried, starts, imports and forks included (see :class:`RetryPolicy`). The LangChain
-integration is in :mod:`turnstore.langchain` (from the root of a clone:
-``pip install './clients/python[langchain]'``).
+retried, starts, imports and forks included (see :class:`RetryPolicy`). The
+framework integrations, each behind the extra of its name (from the root of a
+clone: ``pip install './clients/python[langchain]'``), are
+:mod:`turnstore.langchain`, :mod:`turnstore.langgraph`
+(``[langgraph]``), :mod:`turnstore.llama_index` (``[llamaindex]``) and
+:mod:`turnstore.openai_agents` (``[openai-agents]``).
 """
 
 from ._core import VERSION as __version__
