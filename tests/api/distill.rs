@@ -358,36 +358,15 @@ async fn a_distilled_import_replays_with_its_report(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let s = sid();
     let body = distill(fixture(ANTHROPIC));
-    let first = app
-        .http
-        .post(app.url(&format!("/v1/sessions/{s}/import")))
-        .header("idempotency-key", "k1")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let first = app.import_with_key(&s, "k1", body.clone()).await;
     let first = ok_json(first, StatusCode::CREATED).await;
-    let again = app
-        .http
-        .post(app.url(&format!("/v1/sessions/{s}/import")))
-        .header("idempotency-key", "k1")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let again = app.import_with_key(&s, "k1", body.clone()).await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(ok_json(again, StatusCode::OK).await, first);
     // The same key with other messages is another request.
     let mut other = body.clone();
     other["messages"].as_array_mut().unwrap().pop();
-    let other = app
-        .http
-        .post(app.url(&format!("/v1/sessions/{s}/import")))
-        .header("idempotency-key", "k1")
-        .json(&other)
-        .send()
-        .await
-        .unwrap();
+    let other = app.import_with_key(&s, "k1", other).await;
     problem(other, 422, "idempotency_key_reused").await;
     assert_eq!(app.kept(&s).await.len(), 2);
 }

@@ -20,7 +20,7 @@ conformance!(
 );
 
 impl TestApp {
-    async fn import_with_key(&self, session: &str, key: &str, body: Value) -> Response {
+    pub(crate) async fn import_with_key(&self, session: &str, key: &str, body: Value) -> Response {
         self.http
             .post(self.url(&format!("/v1/sessions/{session}/import")))
             .header("idempotency-key", key)

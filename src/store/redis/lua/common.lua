@@ -210,6 +210,24 @@ local function split(header, query, answer)
   return head, string.sub(query, HEAD + 1) .. string.sub(answer, HEAD + 1)
 end
 
+-- Writes a finalized turn's record: its head, its tail when the texts do
+-- not fit the head, its English copies (ENGLISH) when it has some.
+-- Returns whether it has a tail.
+local function write_finalized(tid, header, query, answer, english)
+  local head, tail = split(header, query, answer)
+  local fields = {tid, head}
+  if tail then
+    fields[#fields + 1] = tid .. 't'
+    fields[#fields + 1] = tail
+  end
+  if english then
+    fields[#fields + 1] = tid .. 'e'
+    fields[#fields + 1] = english
+  end
+  redis.call('HSET', KEYS[2], unpack(fields))
+  return tail ~= nil
+end
+
 -- A finalized record holding the first `q` bytes of its question and `a`
 -- of its answer (whole: `qb` and `ab`), from its head and tail; the last
 -- header field says how much of the question it holds.

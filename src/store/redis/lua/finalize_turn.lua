@@ -37,17 +37,7 @@ end
 local english
 member, english = with_english(member, query, answer, query_en, eq, eu, a, s, l, ARGV[5], ea, es, el)
 
-local head, tail = split(header, query, answer)
-local fields = {tid, head}
-if tail then
-  fields[#fields + 1] = tid .. 't'
-  fields[#fields + 1] = tail
-end
-if english then
-  fields[#fields + 1] = tid .. 'e'
-  fields[#fields + 1] = english
-end
-redis.call('HSET', KEYS[2], unpack(fields))
+write_finalized(tid, header, query, answer, english)
 redis.call('HDEL', KEYS[2], tid .. 'p')
 redis.call('ZREM', KEYS[3], tid)
 redis.call('ZADD', KEYS[3], seq, member)
