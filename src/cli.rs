@@ -8,10 +8,14 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::app::Application;
 use crate::config::{LogFormat, Settings};
 use crate::server::threads::Threads;
+use crate::telemetry;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -99,7 +103,10 @@ fn redact(rules: Option<&std::path::Path>) -> ExitCode {
 }
 
 fn serve(settings: Settings) -> ExitCode {
-    init_logging(settings.log_format);
+    if let Err(e) = init_logging(&settings) {
+        eprintln!("turnstore: cannot export traces: {e}");
+        return ExitCode::FAILURE;
+    }
     // A runtime per thread, each serving the connections handed to it (see
     // server::threads); at most one per core: more would only take turns
     // on the cores, each woken for its own connections (on 2 cores, 16
@@ -127,7 +134,7 @@ fn serve(settings: Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let store = if !settings.redis_cluster_nodes.is_empty() {
             "redis-cluster"
         } else if settings.redis_url.is_some() {
@@ -154,11 +161,16 @@ fn serve(settings: Settings) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    telemetry::flush();
+    code
 }
 
 fn migrate(settings: Settings) -> ExitCode {
-    init_logging(settings.log_format);
+    if let Err(e) = init_logging(&settings) {
+        eprintln!("turnstore migrate: cannot export traces: {e}");
+        return ExitCode::FAILURE;
+    }
     if settings.redis_url.is_none() && settings.redis_cluster_nodes.is_empty() {
         eprintln!("turnstore migrate: set TURNSTORE_REDIS_URL or TURNSTORE_REDIS_CLUSTER_NODES");
         return ExitCode::FAILURE;
@@ -170,7 +182,7 @@ fn migrate(settings: Settings) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let metrics = crate::metrics::Metrics::new();
         let store = match crate::app::redis_store(&settings, &metrics) {
@@ -199,22 +211,47 @@ fn migrate(settings: Settings) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    telemetry::flush();
+    code
 }
 
-fn init_logging(format: LogFormat) {
+/// The log's subscriber, and the trace exporter's layer when an endpoint is
+/// set (`Err`: the exporter cannot be made). Without one, exactly the
+/// subscriber it always was.
+fn init_logging(settings: &Settings) -> Result<(), String> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    match format {
-        LogFormat::Json => builder
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let Some(endpoint) = telemetry::endpoint(settings.otlp_endpoint.as_deref()) else {
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(ansi);
+        match settings.log_format {
+            LogFormat::Json => builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .init(),
+            LogFormat::Text => builder.init(),
+        }
+        return Ok(());
+    };
+    let log = tracing_subscriber::fmt::layer().with_ansi(ansi);
+    let log = match settings.log_format {
+        LogFormat::Json => log
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .init(),
-        LogFormat::Text => builder.init(),
-    }
+            .boxed(),
+        LogFormat::Text => log.boxed(),
+    };
+    // The log's filter is the log's alone: `RUST_LOG=warn` keeps traces.
+    let traces = telemetry::layer(endpoint)?;
+    tracing_subscriber::registry()
+        .with(log.with_filter(filter))
+        .with(traces)
+        .init();
+    Ok(())
 }
 
 /// Ctrl-C or SIGTERM.

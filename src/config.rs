@@ -152,6 +152,13 @@ pub struct Settings {
     #[arg(long, env = "TURNSTORE_LOG_FORMAT", default_value = "text")]
     pub log_format: LogFormat,
 
+    /// Where to send traces (OTLP over HTTP, protobuf): the collector's base
+    /// URL, `http://collector:4318`, to which `/v1/traces` is added. Unset,
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// turn traces on instead; none of them: no traces, at no cost.
+    #[arg(long, env = "TURNSTORE_OTLP_ENDPOINT", value_parser = parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+
     /// Bound on one store round trip (and on waiting for a pooled connection):
     /// past it the request fails fast with 503 `store_unavailable`.
     #[arg(long, env = "TURNSTORE_STORE_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
@@ -380,6 +387,21 @@ fn parse_origin(s: &str) -> Result<HeaderValue, String> {
 }
 
 /// The prefix goes into every key, so it must not hold `{`/`}` (hash tags) or spaces.
+/// An OTLP/HTTP collector's base URL, kept without a trailing slash;
+/// `/v1/traces` is added when the path does not end with it already.
+fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+    let url = s.trim().trim_end_matches('/');
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"));
+    match rest {
+        Some(rest) if !rest.is_empty() && !rest.starts_with('/') => Ok(url.to_owned()),
+        _ => Err(format!(
+            "`{s}` is not an OTLP/HTTP endpoint like http://collector:4318"
+        )),
+    }
+}
+
 fn parse_key_prefix(s: &str) -> Result<String, String> {
     if crate::domain::is_identifier(s) {
         Ok(s.to_owned())

@@ -15,6 +15,7 @@
 //! - `metrics`: the Prometheus registry.
 //! - `summarizer`: the optional server-side summarizer, starting with its
 //!   client of an OpenAI-compatible chat endpoint.
+//! - `telemetry`: traces over OTLP, when an endpoint is set.
 //! - `app`: `Application::build` and `run_until_stopped`.
 //! - `cli`: the `turnstore` command line.
 
@@ -29,6 +30,7 @@ pub mod redact;
 pub mod server;
 pub mod store;
 pub mod summarizer;
+pub mod telemetry;
 pub mod tokens;
 pub mod turn;
 

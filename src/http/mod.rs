@@ -46,6 +46,7 @@ use crate::history::template::Templates;
 use crate::metrics::{HttpLabels, Metrics};
 use crate::store::Store;
 use crate::summarizer::Summarizer;
+use crate::telemetry;
 use crate::tokens::{Models, Tokenizers};
 
 /// What every handler can reach: one reference-counted value, so that
@@ -169,7 +170,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .route_layer(middleware::from_fn_with_state(state.clone(), shed_load));
     let body_limit = state.settings.max_body_bytes;
-    Router::new()
+    let app = Router::new()
         .merge(v1)
         .merge(ops)
         // Prometheus' text, for scrapers: not in the OpenAPI document.
@@ -188,33 +189,51 @@ pub fn router(state: AppState) -> Router {
             ApiError::INTERNAL.into_response()
         }))
         .layer(option_layer(cors(&state.settings.cors_origins)))
-        .layer(middleware::from_fn_with_state(state.clone(), observe))
-        .layer(
+        .layer(middleware::from_fn_with_state(state.clone(), observe));
+    // The request's span: the log's, or (traces on) also the trace's server
+    // span; chosen here, once, so that without traces a request runs
+    // exactly the code it always did.
+    let app = if telemetry::on() {
+        app.layer(
             TraceLayer::new_for_http()
                 .make_span_with(|req: &Request| {
-                    let request_id = req
-                        .headers()
-                        .get("x-request-id")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default();
-                    tracing::info_span!(
-                        "request",
-                        method = method_label(req.method()),
-                        route = req
-                            .extensions()
-                            .get::<MatchedPath>()
-                            .map(MatchedPath::as_str)
-                            .unwrap_or("unmatched"),
-                        request_id,
-                    )
+                    let (method, route, request_id) = span_fields(req);
+                    telemetry::request_span(method, route, request_id, req.headers())
+                })
+                .on_response(|res: &Response, _: Duration, span: &tracing::Span| {
+                    telemetry::record_status(span, res.status().as_u16());
+                }),
+        )
+    } else {
+        app.layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    let (method, route, request_id) = span_fields(req);
+                    tracing::info_span!("request", method, route, request_id)
                 })
                 // `observe` logs the response, with its fields at the top level.
                 .on_response(()),
         )
-        .layer(PropagateRequestIdLayer::x_request_id())
+    };
+    app.layer(PropagateRequestIdLayer::x_request_id())
         .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
         .layer(middleware::map_request(drop_odd_request_id))
         .with_state(state)
+}
+
+/// A request's method, route template and request id, as spans name them.
+fn span_fields(req: &Request) -> (&'static str, &str, &str) {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+        .unwrap_or("unmatched");
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    (method_label(req.method()), route, request_id)
 }
 
 /// CORS for exactly these origins (`TURNSTORE_CORS_ORIGINS`); none: no CORS
@@ -235,6 +254,9 @@ fn cors(origins: &[HeaderValue]) -> Option<CorsLayer> {
                 header::ACCEPT,
                 header(idempotency::IDEMPOTENCY_KEY),
                 header("x-request-id"),
+                // W3C trace context, from pages that trace their calls.
+                header("traceparent"),
+                header("tracestate"),
             ])
             .expose_headers([
                 header("x-request-id"),

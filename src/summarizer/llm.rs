@@ -14,9 +14,11 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use reqwest::Url;
+use tracing::Instrument;
 
 use super::chat;
 use super::retry;
+use crate::telemetry;
 
 pub use super::chat::{DEFAULT_PROMPT, Summary};
 pub use super::config::{
@@ -135,10 +137,9 @@ impl LlmClient {
         let timeout = self.config.timeout;
         let mut retry = 0;
         loop {
-            let failure = match tokio::time::timeout(timeout, self.attempt(body.clone())).await {
-                Ok(Ok(summary)) => return Ok(summary),
-                Ok(Err(failure)) => failure,
-                Err(_) => LlmError::Timeout(timeout).into(),
+            let failure = match self.attempt_within(timeout, body.clone()).await {
+                Ok(summary) => return Ok(summary),
+                Err(failure) => failure,
             };
             if !failure.error.is_transient() || retry >= self.config.max_retries {
                 return Err(failure.error);
@@ -164,6 +165,28 @@ impl LlmClient {
             tokio::time::sleep(wait).await;
             retry += 1;
         }
+    }
+
+    /// One call of the model, bounded by `timeout`; in a span of its own
+    /// when traces are on.
+    async fn attempt_within(&self, timeout: Duration, body: Bytes) -> Result<Summary, Failure> {
+        let attempt = async {
+            tokio::time::timeout(timeout, self.attempt(body))
+                .await
+                .unwrap_or_else(|_| Err(LlmError::Timeout(timeout).into()))
+        };
+        if !telemetry::on() {
+            return attempt.await;
+        }
+        let span = telemetry::chat_span(&self.config.model);
+        let result = attempt.instrument(span.clone()).await;
+        if let Err(failure) = &result {
+            if let Some(status) = failure.error.status() {
+                span.record("http.response.status_code", i64::from(status));
+            }
+            span.record("otel.status_code", "error");
+        }
+        result
     }
 
     async fn attempt(&self, body: Bytes) -> Result<Summary, Failure> {

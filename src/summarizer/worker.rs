@@ -26,12 +26,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use super::llm::{Garbage, LlmClient, LlmError};
 use crate::domain::SessionId;
 use crate::history::{Format, Options};
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError, SummaryWrite};
+use crate::telemetry;
 use crate::tokens::{Encoding, SummaryTokens};
 use crate::turn::now_millis;
 
@@ -127,7 +129,7 @@ impl Summarizer {
         busy.insert(session.clone(), false);
         drop(busy);
         let me = self.clone();
-        tokio::spawn(async move {
+        let work = async move {
             loop {
                 let began = Instant::now();
                 let result = me.run(&session).await;
@@ -145,7 +147,12 @@ impl Summarizer {
                 }
             }
             drop(slot);
-        });
+        };
+        if telemetry::on() {
+            tokio::spawn(work.instrument(telemetry::summarize_span()));
+        } else {
+            tokio::spawn(work);
+        }
     }
 
     fn busy(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, bool>> {

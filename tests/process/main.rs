@@ -2,14 +2,18 @@
 //! its logs may never contain, Redis over TLS, the container health check;
 //! slow, idle and piled-up connections and heavy reads (`edge`); what the
 //! start and `/readyz` say of a Redis it cannot use (`startup`); how the
-//! Lua scripts are called (`scripts`).
+//! Lua scripts are called (`scripts`); the traces sent to an OTLP
+//! receiver (`traces`).
 
 mod edge;
+#[path = "../fixtures/fake_llm.rs"]
+mod fake_llm;
 mod harness;
 mod migrate;
 mod scale;
 mod scripts;
 mod startup;
+mod traces;
 
 use std::time::Duration;
 

@@ -280,7 +280,7 @@ impl RedisStore {
             changes: (0, m.changes),
             conflicts: 0,
         };
-        let script = Lua::once(redis::Script::new(m.script));
+        let script = Lua::once(m.name, redis::Script::new(m.script));
         let (old, new) = (session_suffixes(m.to - 1), session_suffixes(m.to));
         let prefix = self.keys.prefix();
         let pattern = format!("{prefix}:{{*}}:{}", old[0]);

@@ -17,6 +17,7 @@ use redis::{FromRedisValue, RedisError, Script, Value};
 use super::RedisStore;
 use super::conn::Conn;
 use crate::store::StoreError;
+use crate::telemetry;
 /// Script arguments, each as Redis would send it.
 macro_rules! args {
     ($($a:expr),* $(,)?) => {{
@@ -97,6 +98,8 @@ impl Def {
 /// turn id, say).
 pub(super) struct Lua {
     pub script: Script,
+    /// Its file's name (a trace's span names the call after it).
+    pub name: &'static str,
     /// Its name in the library; `None` for a script of its own (a
     /// migration's), always run by EVALSHA.
     pub function: Option<String>,
@@ -105,9 +108,10 @@ pub(super) struct Lua {
 
 impl Lua {
     /// A script outside the library, run once a call.
-    pub(super) fn once(script: Script) -> Self {
+    pub(super) fn once(name: &'static str, script: Script) -> Self {
         Lua {
             script,
+            name,
             function: None,
             again: false,
         }
@@ -224,6 +228,7 @@ impl Library {
     fn lua(&self, def: &Def) -> Lua {
         Lua {
             script: Script::new(&def.source()),
+            name: def.name,
             function: Some(format!("{}_{}", self.name, def.name)),
             again: def.again,
         }
@@ -313,25 +318,28 @@ impl RedisStore {
     {
         // Built again for each attempt (a second one is rare): the
         // arguments are copied once a call, as a ScriptInvocation does.
-        self.conn
-            .with_conn(script.again, |mut conn| async move {
-                if let Some(function) = &script.function {
-                    let mut fcall = redis::cmd("FCALL");
-                    fcall.arg(function).arg(keys.len()).arg(keys).arg(args);
-                    if let Some(done) = self.scripts.library.call(&mut conn, &fcall).await {
-                        return done;
-                    }
+        let call = self.conn.with_conn(script.again, |mut conn| async move {
+            if let Some(function) = &script.function {
+                let mut fcall = redis::cmd("FCALL");
+                fcall.arg(function).arg(keys.len()).arg(keys).arg(args);
+                if let Some(done) = self.scripts.library.call(&mut conn, &fcall).await {
+                    return done;
                 }
-                let mut inv = script.script.prepare_invoke();
-                for key in keys {
-                    inv.key(key);
-                }
-                for arg in args {
-                    inv.arg(arg);
-                }
-                inv.invoke_async(&mut conn).await
-            })
-            .await
+            }
+            let mut inv = script.script.prepare_invoke();
+            for key in keys {
+                inv.key(key);
+            }
+            for arg in args {
+                inv.arg(arg);
+            }
+            inv.invoke_async(&mut conn).await
+        });
+        if telemetry::on() {
+            telemetry::script(script.name, call).await
+        } else {
+            call.await
+        }
     }
 
     /// Runs a session script, once the stored layout is known to be ours.
