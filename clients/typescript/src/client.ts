@@ -3,6 +3,7 @@ import { TurnstoreError } from "./errors.js";
 import { type ExportLineKind, SESSION_LINES, TRANSCRIPT_LINES, exportedLines } from "./export.js";
 import { type AttemptResult, type Delivered, type RetryPolicy, type SendOptions, sendWithRetries } from "./retry.js";
 import type { paths } from "./schema.js";
+import { type OpenTelemetryApi, addTraceContext, importOpenTelemetry } from "./tracing.js";
 import type {
   EraseUserResponse,
   ExportedSession,
@@ -53,6 +54,13 @@ export interface TurnstoreClientOptions {
   retryBaseDelayMs?: number | undefined;
   /** Largest wait between attempts, in ms, `Retry-After` included. Default 4 000. */
   retryMaxDelayMs?: number | undefined;
+  /** Send the active OpenTelemetry span's `traceparent` and `tracestate` with each request
+   * (retries included), when there is one. Default true. false: never, and nothing is imported. */
+  propagateTrace?: boolean | undefined;
+  /** The `@opentelemetry/api` module to read the active span from (`import * as api from
+   * "@opentelemetry/api"`). Default: imported on the first request, if it can be (it is an
+   * optional peer dependency). Give it in bundled code, or to use your application's copy. */
+  openTelemetry?: OpenTelemetryApi | undefined;
 }
 
 /** Per-call options. */
@@ -244,6 +252,8 @@ function fromEnvironment(name: string): string | undefined {
 export class TurnstoreClient {
   readonly #api: Client<paths, JsonMediaType>;
   readonly #policy: RetryPolicy;
+  /** Where the trace context comes from: a given module, the one imported on first use, or nowhere. */
+  readonly #tracing: OpenTelemetryApi | "import" | undefined;
 
   /**
    * `new TurnstoreClient()` talks to `TURNSTORE_URL` (else
@@ -264,6 +274,7 @@ export class TurnstoreClient {
       baseDelayMs: positive("retryBaseDelayMs", options.retryBaseDelayMs ?? CLIENT_DEFAULTS.retryBaseDelayMs),
       maxDelayMs: positive("retryMaxDelayMs", options.retryMaxDelayMs ?? CLIENT_DEFAULTS.retryMaxDelayMs),
     };
+    this.#tracing = options.propagateTrace === false ? undefined : (options.openTelemetry ?? "import");
     this.#api = createClient<paths, JsonMediaType>({
       baseUrl,
       ...(options.fetch && { fetch: options.fetch }),
@@ -827,7 +838,7 @@ export class TurnstoreClient {
     }
   }
 
-  #send<D>(
+  async #send<D>(
     label: string,
     call: CallOptions | undefined,
     attempt: (signal: AbortSignal, headers: Record<string, string>) => Promise<AttemptResult<D>>,
@@ -835,6 +846,8 @@ export class TurnstoreClient {
   ): Promise<Delivered<D>> {
     const headers: Record<string, string> = {};
     if (call?.requestId !== undefined) headers["x-request-id"] = call.requestId;
+    const tracing = this.#tracing === "import" ? await importOpenTelemetry() : this.#tracing;
+    if (tracing !== undefined) addTraceContext(tracing, headers);
     return sendWithRetries({
       policy: this.#policy,
       label,

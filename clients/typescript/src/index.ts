@@ -37,6 +37,7 @@ export {
   type TurnstoreErrorInit,
 } from "./errors.js";
 export { backoffDelay, type RetryPolicy } from "./retry.js";
+export type { OpenTelemetryApi, SpanContextLike } from "./tracing.js";
 export type * from "./types.js";
 // The generated OpenAPI types, for callers who use openapi-fetch directly.
 export type { components, operations, paths } from "./schema.js";

@@ -8,7 +8,7 @@ from typing import AsyncIterator, Iterable, Mapping, Optional, Type, Union
 
 import httpx
 
-from . import _core
+from . import _core, _tracing
 from ._core import Attempts, Call, RetryPolicy
 from .errors import NotFoundError, SummaryConflictError
 from .export import AsyncExportStream, AsyncTranscriptStream
@@ -54,6 +54,10 @@ class AsyncClient:
             mTLS, event hooks); it is not closed by :meth:`close`.
         transport: an httpx transport for the client this class makes
             (e.g. ``httpx.MockTransport`` in tests).
+        propagate_trace: send the current OpenTelemetry span's trace
+            context (``traceparent``, ``tracestate``) with each request, when
+            ``opentelemetry-api`` is installed and a span is current. False:
+            never (and OpenTelemetry is not even imported).
 
     Use it as an async context manager, or await :meth:`close`, to release
     connections.
@@ -71,12 +75,14 @@ class AsyncClient:
         headers: Optional[Mapping[str, str]] = None,
         http_client: Optional[httpx.AsyncClient] = None,
         transport: Optional[httpx.AsyncBaseTransport] = None,
+        propagate_trace: bool = True,
     ) -> None:
         if http_client is not None and transport is not None:
             raise ValueError("pass http_client or transport, not both")
         self.base_url = _core.base_url(base_url)
         self.retry_policy = RetryPolicy(max_retries, initial_backoff, max_backoff)
         self._headers = _core.base_headers(_core.api_key(api_key), headers)
+        self._propagate_trace = propagate_trace
         self._owns_http = http_client is None
         self._http = (
             http_client
@@ -519,6 +525,8 @@ class AsyncClient:
         if attempts is None:
             attempts = Attempts(call, self.retry_policy)
         headers = call.request_headers(self._headers)
+        if self._propagate_trace:
+            _tracing.add_trace_context(headers, self._http.headers)
         content = call.content()
         while True:
             request = self._http.build_request(

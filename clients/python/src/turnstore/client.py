@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Type, Union
 
 import httpx
 
-from . import _core
+from . import _core, _tracing
 from ._core import Attempts, Call, RetryPolicy
 from .errors import NotFoundError, SummaryConflictError
 from .export import ExportStream, TranscriptStream
@@ -54,6 +54,10 @@ class Client:
             mTLS, event hooks); it is not closed by :meth:`close`.
         transport: an httpx transport for the client this class makes
             (e.g. ``httpx.MockTransport`` in tests).
+        propagate_trace: send the current OpenTelemetry span's trace
+            context (``traceparent``, ``tracestate``) with each request, when
+            ``opentelemetry-api`` is installed and a span is current. False:
+            never (and OpenTelemetry is not even imported).
 
     Use it as a context manager, or call :meth:`close`, to release connections.
     """
@@ -70,12 +74,14 @@ class Client:
         headers: Optional[Mapping[str, str]] = None,
         http_client: Optional[httpx.Client] = None,
         transport: Optional[httpx.BaseTransport] = None,
+        propagate_trace: bool = True,
     ) -> None:
         if http_client is not None and transport is not None:
             raise ValueError("pass http_client or transport, not both")
         self.base_url = _core.base_url(base_url)
         self.retry_policy = RetryPolicy(max_retries, initial_backoff, max_backoff)
         self._headers = _core.base_headers(_core.api_key(api_key), headers)
+        self._propagate_trace = propagate_trace
         self._owns_http = http_client is None
         self._http = (
             http_client
@@ -616,6 +622,8 @@ class Client:
         if attempts is None:
             attempts = Attempts(call, self.retry_policy)
         headers = call.request_headers(self._headers)
+        if self._propagate_trace:
+            _tracing.add_trace_context(headers, self._http.headers)
         content = call.content()
         while True:
             request = self._http.build_request(
