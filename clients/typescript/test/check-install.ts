@@ -5,11 +5,24 @@
 // Then the project installs the frameworks of the adapters (ai,
 // @langchain/core: its own copies, as an application has them) and uses
 // `turnstore-client/ai` and `turnstore-client/langchain` with them.
+// Then the package as a registry would serve it: `npm pack` of that copy
+// (its file list checked), `npm install <tarball>` into another empty
+// folder, and the README's quick start compiled and run there as written.
 // Exits non-zero on any failure; keeps the temporary folder for inspection
 // when it fails.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import {
+  cpSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  realpathSync,
+  rmSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -23,6 +36,7 @@ const packageDir = fileURLToPath(new URL("../", import.meta.url));
 const work = mkdtempSync(join(tmpdir(), "turnstore-client-install-"));
 const checkout = join(work, "checkout", "typescript");
 const consumer = join(work, "consumer");
+const tarballConsumer = join(work, "tarball-consumer");
 
 /** Runs a command and returns its stdout; on failure, the error carries that output. */
 function run(command: string, args: string[], cwd: string, env: NodeJS.ProcessEnv = npmEnvironment()): string {
@@ -130,19 +144,89 @@ function frameworkPackages(): string[] {
   });
 }
 
+/** The first ```ts block of a section of README.md, as written. */
+function readmeBlock(section: string): string {
+  const readme = readFileSync(join(packageDir, "README.md"), "utf8");
+  const body = readme.split(`\n## ${section}\n`)[1]?.split("\n## ")[0] ?? "";
+  const block = /```ts\n([\s\S]*?)```/.exec(body)?.[1];
+  assert.ok(block, `README.md has no \`\`\`ts block under ## ${section}`);
+  return block;
+}
+
 /** The first ```ts blocks of those sections, by file name. */
 function readmeExamples(sections: string[]): Map<string, string> {
-  const readme = readFileSync(join(packageDir, "README.md"), "utf8");
   const files = new Map<string, string>();
   for (const section of sections) {
-    const body = readme.split(`\n## ${section}\n`)[1]?.split("\n## ")[0] ?? "";
-    const block = /```ts\n([\s\S]*?)```/.exec(body)?.[1];
-    assert.ok(block, `README.md has no \`\`\`ts block under ## ${section}`);
     // The examples read their key from the environment, as an app would.
     const name = `readme-${section.toLowerCase().replace(/\W+/g, "-")}.ts`;
-    files.set(name, `declare const process: { env: Record<string, string | undefined> };\n${block}`);
+    const declare = "declare const process: { env: Record<string, string | undefined> };";
+    files.set(name, `${declare}\n${readmeBlock(section)}`);
   }
   return files;
+}
+
+/** The README's quick start: its first example, a module that exports `ask`. */
+const QUICK_START = "A RAG request";
+
+// Runs the quick start's `ask` (compiled from the README as written) for two
+// questions, as an application would call it, and reads the history back.
+// Prints where Node found the client, to tell the tarball's copy from the checkout.
+const QUICK_START_RUN = `
+import { realpathSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+import { TurnstoreClient } from "turnstore-client";
+import { ask } from "./quick-start.mjs";
+const answers = [];
+for (const question of ["What is a vector index?", "How do I build one?"]) {
+  answers.push(await ask("chat-42", "alice", question));
+}
+const { text } = await new TurnstoreClient().getHistoryText("chat-42");
+const client = realpathSync(fileURLToPath(import.meta.resolve("turnstore-client")));
+console.log(JSON.stringify({ answers, text, client }));
+`;
+
+/** What `npm pack --json` says of a tarball. */
+interface Packed {
+  filename: string;
+  files: { path: string }[];
+}
+
+/**
+ * The tarball's file list: package.json, the README, dist/ (each module with
+ * its declarations, every file that package.json's exports and types name)
+ * and the sources dist/'s source maps point to; nothing else (no tests, no
+ * dist-test, no scripts or tsconfig, no node_modules).
+ */
+function checkPackedFiles(files: string[], installed: string): void {
+  const manifest = JSON.parse(readFileSync(join(installed, "package.json"), "utf8")) as {
+    exports: Record<string, string | Record<string, string>>;
+    types: string;
+  };
+  const exported = Object.values(manifest.exports).flatMap((e) => (typeof e === "string" ? [e] : Object.values(e)));
+  const named = [manifest.types, ...exported].map((path) => path.replace(/^\.\//, ""));
+  const listed = new Set(files);
+  for (const path of ["package.json", "README.md", ...named]) {
+    assert.ok(listed.has(path), `the tarball has no ${path}`);
+  }
+  const mapped = new Set<string>();
+  for (const map of files.filter((f) => f.endsWith(".js.map"))) {
+    const { sources } = JSON.parse(readFileSync(join(installed, map), "utf8")) as { sources: string[] };
+    for (const source of sources) {
+      const path = join(map, "..", source);
+      assert.ok(listed.has(path), `${map} names ${source}, not in the tarball`);
+      mapped.add(path);
+    }
+  }
+  for (const file of files) {
+    const module = /^dist\/(.+)\.js$/.exec(file)?.[1];
+    if (module) assert.ok(listed.has(`dist/${module}.d.ts`), `${file} has no declarations`);
+    const kept =
+      ["package.json", "README.md"].includes(file) ||
+      /^LICEN[SC]E/.test(file) ||
+      /^dist\/[^/]+\.(js|d\.ts|js\.map)$/.test(file) ||
+      mapped.has(file);
+    assert.ok(kept, `the tarball has ${file}, which is no part of the package`);
+  }
 }
 
 async function main(): Promise<void> {
@@ -203,12 +287,54 @@ async function main(): Promise<void> {
   // @types/json-schema, lib esnext.disposable): an application compiles them
   // with skipLibCheck, as the Next.js and Vite templates do.
   run(process.execPath, [tsc, ...strict, "--skipLibCheck", ...adapterExamples.keys()], consumer);
+
+  // 6. The package as a registry would serve it: `npm pack` (which runs
+  // `prepare`, as a publish does) into another empty project, installed with
+  // nothing else.
+  const [packed] = JSON.parse(run("npm", ["pack", "--json", "--pack-destination", work], checkout)) as Packed[];
+  assert.ok(packed, "npm pack listed no tarball");
+  mkdirSync(tarballConsumer);
+  run("npm", ["install", "--no-audit", "--no-fund", join(work, packed.filename)], tarballConsumer);
+  const installed = join(tarballConsumer, "node_modules", "turnstore-client");
+  assert.ok(!lstatSync(installed).isSymbolicLink(), "the tarball was linked, not unpacked");
+  assert.ok(!existsSync(join(installed, "node_modules")), "the installed package has a node_modules of its own");
+  checkPackedFiles(packed.files.map((f) => f.path), installed);
+
+  // 7. The README's quick start, as written, compiled against the tarball's
+  // declarations (an ES module: .mts), then run against a fresh server;
+  // CommonJS loads it too.
+  writeFileSync(join(tarballConsumer, "quick-start.mts"), readmeBlock(QUICK_START));
+  writeFileSync(join(tarballConsumer, "smoke.mts"), TS_SMOKE);
+  const emit = strict.filter((flag) => flag !== "--noEmit");
+  run(process.execPath, [tsc, ...emit, "quick-start.mts", "smoke.mts"], tarballConsumer);
+  writeFileSync(join(tarballConsumer, "run-quick-start.mjs"), QUICK_START_RUN);
+  writeFileSync(join(tarballConsumer, "smoke.cjs"), CJS_SMOKE);
+  const fresh = await startTurnstore();
+  try {
+    const output = run(process.execPath, ["run-quick-start.mjs"], tarballConsumer, {
+      ...process.env,
+      TURNSTORE_URL: fresh.baseUrl,
+    });
+    assert.deepEqual(JSON.parse(output), {
+      answers: ["An answer to: What is a vector index?", "An answer to: How do I build one?"],
+      text:
+        "### Conversation history:\n" +
+        "User: What is a vector index?\nAssistant: An answer to: What is a vector index?\n\n" +
+        "User: How do I build one?\nAssistant: An answer to: How do I build one?",
+      client: join(realpathSync(installed), "dist", "index.js"),
+    });
+    assert.equal(run(process.execPath, ["smoke.cjs"], tarballConsumer).trim(), "function");
+  } finally {
+    await fresh.stop();
+  }
 }
 
 try {
   await main();
   rmSync(work, { recursive: true, force: true });
-  console.log("check-install: OK (npm install <folder> from an empty project builds, imports and works)");
+  console.log(
+    "check-install: OK (npm install <folder> and <npm pack tarball> from empty projects: builds, imports, works)",
+  );
 } catch (error) {
   console.error(`check-install: FAILED; files kept in ${work}`);
   throw error;
