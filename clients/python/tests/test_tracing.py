@@ -3,7 +3,7 @@ request the clients send, retries included, carries the span's
 ``traceparent`` and ``tracestate``; outside one, or switched off, none.
 
 The headers are read where they arrive: a recording reverse proxy in front
-of the real server (the server's own tracing is not what is tested here)."""
+of the real server (the server's own spans are test_server_spans.py's)."""
 
 from __future__ import annotations
 
