@@ -246,11 +246,15 @@ fn init_logging(settings: &Settings) -> Result<(), String> {
         LogFormat::Text => log.boxed(),
     };
     // The log's filter is the log's alone: `RUST_LOG=warn` keeps traces.
+    let origin = endpoint.origin();
     let traces = telemetry::layer(endpoint)?;
     tracing_subscriber::registry()
         .with(log.with_filter(filter))
         .with(traces)
         .init();
+    // The exporter reports nothing of its own (failed sends, spans dropped
+    // when the collector lags): this line says where spans should arrive.
+    tracing::info!(collector = %origin, "exporting traces");
     Ok(())
 }
 

@@ -84,6 +84,28 @@ fn traces_url(base: &str) -> String {
     }
 }
 
+impl Endpoint {
+    /// Where spans go, for the log: scheme, host and port, never a path,
+    /// query or user info (where a token could be).
+    pub fn origin(&self) -> String {
+        let url = match self {
+            Endpoint::Given(url) => Some(url.clone()),
+            Endpoint::FromEnvironment => std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+                .ok(),
+        };
+        let uri = url.and_then(|u| u.trim().parse::<http::Uri>().ok());
+        match uri
+            .as_ref()
+            .and_then(|u| Some((u.scheme_str()?, u.host()?, u.port_u16())))
+        {
+            Some((scheme, host, Some(port))) => format!("{scheme}://{host}:{port}"),
+            Some((scheme, host, None)) => format!("{scheme}://{host}"),
+            None => "an endpoint the exporter could not read".to_owned(),
+        }
+    }
+}
+
 /// The layer that exports [`TARGET`]'s spans to `endpoint`, in batches
 /// from a thread of its own. Call before any runtime starts: the exporter
 /// has a blocking HTTP client.
@@ -266,6 +288,16 @@ mod tests {
         assert_eq!(
             traces_url("https://c/otlp/v1/traces"),
             "https://c/otlp/v1/traces"
+        );
+    }
+
+    #[test]
+    fn the_log_names_the_collector_without_secrets() {
+        let given = |url: &str| Endpoint::Given(traces_url(url)).origin();
+        assert_eq!(given("http://collector:4318"), "http://collector:4318");
+        assert_eq!(
+            given("https://user:s3cret@otlp.example.com/v1/traces?token=abc"),
+            "https://otlp.example.com"
         );
     }
 

@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::client;
 use super::fake_llm::FakeLlm;
-use super::harness::{Redis, Turnstore};
+use super::harness::{ClosedPort, Redis, Turnstore};
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
@@ -263,7 +263,11 @@ async fn a_request_continues_the_callers_trace_and_its_script_calls_are_its_chil
     assert_eq!(start.attribute("http.route"), Some("/v1/turns"));
     assert_eq!(start.attribute("http.request.method"), Some("POST"));
     assert_eq!(start.attribute("http.response.status_code"), Some("201"));
-    assert!(start.integers.contains(&"http.response.status_code".to_owned()));
+    assert!(
+        start
+            .integers
+            .contains(&"http.response.status_code".to_owned())
+    );
     assert_eq!(start.attribute("target"), None);
     assert!(!start.error);
     // Its script call: a client span, its child.
@@ -318,7 +322,9 @@ async fn a_request_continues_the_callers_trace_and_its_script_calls_are_its_chil
     assert_eq!(failed.status(), 503);
     let spans = receiver
         .until("the failed start's span", |spans| {
-            spans.iter().any(|s| s.attribute("http.response.status_code") == Some("503"))
+            spans
+                .iter()
+                .any(|s| s.attribute("http.response.status_code") == Some("503"))
         })
         .await;
     let failed = spans
@@ -484,6 +490,42 @@ async fn spans_still_buffered_are_sent_at_shutdown() {
             spans.iter().any(|s| s.name == "GET /readyz")
         })
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_fails_no_request() {
+    let closed = ClosedPort::new();
+    let ts = Turnstore::spawn(&[
+        (
+            "TURNSTORE_OTLP_ENDPOINT",
+            format!(
+                "http://otel:s3cret@127.0.0.1:{}/?token=t0k3n",
+                closed.port()
+            ),
+        ),
+        ("OTEL_BSP_SCHEDULE_DELAY", "10".to_owned()),
+        // A batch or two, then the queue is full: spans are dropped.
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "16".to_owned()),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "8".to_owned()),
+    ]);
+    let http = client();
+    for i in 0..200 {
+        let res = http
+            .post(format!("{}/v1/turns", ts.base()))
+            .json(&json!({"session_id": format!("down-{}", i % 7), "user_query": "q"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 201, "request {i}\n{}", ts.log());
+    }
+    let log = ts.log();
+    assert!(
+        log.contains(&format!("collector=http://127.0.0.1:{}", closed.port())),
+        "{log}"
+    );
+    for secret in ["s3cret", "t0k3n"] {
+        assert!(!log.contains(secret), "{secret} logged\n{log}");
+    }
 }
 
 #[test]
