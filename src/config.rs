@@ -386,7 +386,6 @@ fn parse_origin(s: &str) -> Result<HeaderValue, String> {
     HeaderValue::from_str(&origin).map_err(|e| format!("`{s}`: {e}"))
 }
 
-/// The prefix goes into every key, so it must not hold `{`/`}` (hash tags) or spaces.
 /// An OTLP/HTTP collector's base URL, kept without a trailing slash;
 /// `/v1/traces` is added when the path does not end with it already.
 fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
@@ -402,6 +401,7 @@ fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
     }
 }
 
+/// The prefix goes into every key, so it must not hold `{`/`}` (hash tags) or spaces.
 fn parse_key_prefix(s: &str) -> Result<String, String> {
     if crate::domain::is_identifier(s) {
         Ok(s.to_owned())

@@ -741,10 +741,11 @@ async fn a_fork_too_long_for_one_request_completes_over_retries(backend: Backend
     let app = TestApp::spawn(backend).await;
     let s = sid();
     let source = long_session(&app, &s, 40, 100_000).await;
-    // An instance whose requests end after 4 ms: a page or two each.
-    let hasty = app
-        .another(|s| s.request_timeout = std::time::Duration::from_millis(4))
-        .await;
+    // An instance whose requests end after 4 ms: a page or two each. On a
+    // machine too slow to copy one page in that time no try gets further
+    // than the last: every 25 tries, the time doubles.
+    let mut allowed = std::time::Duration::from_millis(4);
+    let mut hasty = app.another(|s| s.request_timeout = allowed).await;
     let f = sid();
     let body = json!({"new_session_id": f});
     let mut tries = 0;
@@ -759,6 +760,10 @@ async fn a_fork_too_long_for_one_request_completes_over_retries(backend: Backend
                 // try is still writing): nothing to see yet.
                 assert_eq!(app.session(&f).await.status(), 404);
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                if tries % 25 == 0 {
+                    allowed *= 2;
+                    hasty = app.another(|s| s.request_timeout = allowed).await;
+                }
             }
             other => panic!("the fork answered {other}"),
         }
