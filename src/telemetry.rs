@@ -14,6 +14,7 @@
 //! model names only.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -235,11 +236,18 @@ pub fn record_status(span: &Span, status: u16) {
     }
 }
 
-/// Runs a Redis script call in a client span named after the script.
-pub async fn script<T, E>(
+/// A Redis script call in a client span named after the script. Boxed, and
+/// not an `async fn`: an `async fn` would hold `call` itself, so the caller's
+/// future would grow by the span and a pointer on the untraced path too; a
+/// box is smaller than any call.
+pub fn script<'a, T, E>(
     name: &'static str,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, E> {
+    call: impl Future<Output = Result<T, E>> + Send + 'a,
+) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'a>>
+where
+    T: Send + 'a,
+    E: Send + 'a,
+{
     let span = tracing::info_span!(
         target: TARGET,
         "script",
@@ -249,12 +257,13 @@ pub async fn script<T, E>(
         db.stored_procedure.name = name,
         otel.status_code = tracing::field::Empty,
     );
-    // Boxed: the untraced path's future stays the size it was.
-    let result = Box::pin(call.instrument(span.clone())).await;
-    if result.is_err() {
-        span.record("otel.status_code", "error");
-    }
-    result
+    Box::pin(async move {
+        let result = call.instrument(span.clone()).await;
+        if result.is_err() {
+            span.record("otel.status_code", "error");
+        }
+        result
+    })
 }
 
 /// The span of a summarization, the background work a write may start;
