@@ -6,19 +6,18 @@
 //! first thread that used them: every other thread took the pools'
 //! mutex-guarded slow path on each count (~5% of the service's CPU in the
 //! core loop, `bench/profile`). Its pattern also needs fancy-regex's
-//! backtracking VM for one lookahead. So the ranks are taken once from
-//! tiktoken-rs' encoder, which is then dropped, and counted by
-//! `turnstore_bpe`: the pattern without its lookahead on regex-automata's
-//! meta regex, compiled once, with a search cache per thread, and
-//! tiktoken's byte-pair merges, counting. Tests compare its counts with
-//! tiktoken-rs' in every encoding.
+//! backtracking VM for one lookahead. So counts are `turnstore_bpe`'s: the
+//! pattern without its lookahead on regex-automata's meta regex, compiled
+//! once, with a search cache per thread, and tiktoken's byte-pair merges,
+//! counting, over the ranks of `turnstore_bpe::tables` (tiktoken-rs'
+//! vocabularies; building them from its encoder took 0.3 s of CPU, most of
+//! a test process's). Tests compare the tables and every count with
+//! tiktoken-rs'.
 
 use std::cell::OnceCell;
-use std::collections::HashSet;
 use std::sync::OnceLock;
 
-use tiktoken_rs::{CoreBPE, Rank};
-use turnstore_bpe::{Pattern, Ranks, Splitter};
+use turnstore_bpe::{Pattern, Ranks, Splitter, tables};
 
 use super::Encoding;
 
@@ -31,42 +30,19 @@ pub(super) fn is_built(encoding: Encoding) -> bool {
 
 fn ranks(encoding: Encoding) -> &'static Ranks {
     RANKS[encoding.slot()].get_or_init(|| {
-        // tiktoken-rs' encoder is dropped before the map is built: the
-        // start's peak holds one of them, and the tokens' bytes.
-        let (block, tokens) = ordinary_tokens(&tiktoken(encoding));
-        let ranks = Ranks::new(block, tokens);
-        // mimalloc (main.rs) keeps freed memory for reuse: give back the
-        // encoder's ~30 MB now.
-        // SAFETY: mi_collect takes no pointer; it frees nothing in use.
-        unsafe { libmimalloc_sys::mi_collect(true) };
-        ranks
+        let (table, limit) = table(encoding);
+        Ranks::from_table(table, limit)
     })
 }
 
-/// The ordinary tokens of `bpe`, their bytes one after another and each
-/// one's length and rank: ranks from 0 up, but its special tokens, to the
-/// first that is neither (tiktoken's files number their tokens densely;
-/// p50k's special token sits between ordinary ones).
-fn ordinary_tokens(bpe: &CoreBPE) -> (Vec<u8>, Vec<(u32, Rank)>) {
-    let special: HashSet<Rank> = bpe
-        .special_tokens()
-        .into_iter()
-        .flat_map(|s| bpe.encode_with_special_tokens(s))
-        .collect();
-    let (mut block, mut tokens) = (Vec::new(), Vec::new());
-    for rank in 0.. {
-        if special.contains(&rank) {
-            continue;
-        }
-        match bpe.decode_bytes(&[rank]) {
-            Ok(bytes) => {
-                block.extend_from_slice(&bytes);
-                tokens.push((bytes.len() as u32, rank));
-            }
-            Err(_) => break,
-        }
+/// The encoding's rank table, and how many of its ranks it takes.
+fn table(encoding: Encoding) -> (&'static [u8], usize) {
+    match encoding {
+        Encoding::O200kBase | Encoding::O200kHarmony => (tables::O200K_BASE, usize::MAX),
+        Encoding::Cl100kBase => (tables::CL100K_BASE, usize::MAX),
+        Encoding::P50kBase | Encoding::P50kEdit => (tables::P50K_BASE, usize::MAX),
+        Encoding::R50kBase => (tables::P50K_BASE, tables::R50K_BASE_RANKS),
     }
-    (block, tokens)
 }
 
 #[cfg(test)]
@@ -75,7 +51,8 @@ pub(super) fn ranked(encoding: Encoding) -> usize {
 }
 
 /// A fresh encoder of tiktoken-rs (its singletons would keep a second copy).
-pub(super) fn tiktoken(encoding: Encoding) -> CoreBPE {
+#[cfg(test)]
+pub(super) fn tiktoken(encoding: Encoding) -> tiktoken_rs::CoreBPE {
     use tiktoken_rs as t;
     match encoding {
         Encoding::O200kBase => t::o200k_base(),
@@ -118,7 +95,77 @@ pub(super) fn count(encoding: Encoding, text: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
+
+    /// tiktoken-rs' ordinary tokens of `encoding` as a rank table (see
+    /// `turnstore_bpe::tables`): ranks from 0 up to the last ordinary one,
+    /// its special tokens marked as no token.
+    fn table_of_tiktoken_rs(encoding: Encoding) -> Vec<u8> {
+        let bpe = tiktoken(encoding);
+        let special: HashSet<u32> = bpe
+            .special_tokens()
+            .into_iter()
+            .flat_map(|s| bpe.encode_with_special_tokens(s))
+            .collect();
+        let mut table = Vec::new();
+        for rank in 0.. {
+            if special.contains(&rank) {
+                table.push(0);
+                continue;
+            }
+            match bpe.decode_bytes(&[rank]) {
+                Ok(bytes) => {
+                    table.push(u8::try_from(bytes.len()).expect("a token of at most 255 bytes"));
+                    table.extend_from_slice(&bytes);
+                }
+                Err(_) => break,
+            }
+        }
+        // Special tokens after the last ordinary one are no rank of it.
+        while table.last() == Some(&0) {
+            table.pop();
+        }
+        table
+    }
+
+    /// The tables turnstore counts with hold tiktoken-rs' vocabularies,
+    /// byte for byte. `TURNSTORE_WRITE_RANK_TABLES=1` writes them anew
+    /// (after an update of tiktoken-rs), then this checks them.
+    #[test]
+    fn the_rank_tables_are_tiktoken_rs_vocabularies() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/turnstore-bpe/tables");
+        if std::env::var_os("TURNSTORE_WRITE_RANK_TABLES").is_some() {
+            for (name, enc) in [
+                ("o200k_base", Encoding::O200kBase),
+                ("cl100k_base", Encoding::Cl100kBase),
+                ("p50k_base", Encoding::P50kBase),
+            ] {
+                std::fs::write(format!("{dir}/{name}.ranks"), table_of_tiktoken_rs(enc)).unwrap();
+            }
+            panic!(
+                "wrote {dir}: build again, then run this test without TURNSTORE_WRITE_RANK_TABLES"
+            );
+        }
+        for enc in Encoding::ALL {
+            let (bundled, limit) = table(enc);
+            let ours = table_of_tiktoken_rs(enc);
+            // The first `limit` ranks of the bundled table.
+            let (mut at, mut rank) = (0, 0);
+            while at < bundled.len() && rank < limit {
+                at += 1 + bundled[at] as usize;
+                rank += 1;
+            }
+            assert!(
+                bundled[..at] == ours[..],
+                "{enc:?}: crates/turnstore-bpe/tables differ from tiktoken-rs' vocabulary \
+                 ({} against {} bytes); write them anew with TURNSTORE_WRITE_RANK_TABLES=1",
+                at,
+                ours.len()
+            );
+        }
+    }
 
     #[test]
     fn long_pieces_merge_as_short_ones_do() {

@@ -1,5 +1,5 @@
 //! tiktoken's count of a text, `encode_ordinary(text).len()`, for
-//! turnstore (its `tokens` module builds the ranks from tiktoken-rs and
+//! turnstore (its `tokens` module builds the ranks from [`tables`] and
 //! compares every count with tiktoken-rs' in tests). A crate of its own so
 //! that it is optimised in test builds too, as tiktoken-rs is: the merges
 //! of a long piece take seconds unoptimised.
@@ -24,6 +24,29 @@ use rustc_hash::FxHashMap;
 /// A token's rank.
 pub type Rank = u32;
 
+/// The ordinary tokens of tiktoken's vocabularies as rank tables, the form
+/// [`Ranks::from_table`] reads: for each rank from 0 up, a byte `n`, then
+/// the token's `n` bytes (no token is longer than 128 bytes); `n = 0` marks
+/// a rank that is a special token (p50k's `<|endoftext|>`, 50,256).
+///
+/// Written from tiktoken-rs' files (the `.tiktoken` files of tiktoken, MIT
+/// License, see LICENSE-tiktoken) by turnstore's test
+/// `tokens::counter::tests::the_rank_tables_are_tiktoken_rs_vocabularies`,
+/// which checks them against tiktoken-rs. Building o200k_base from its
+/// table takes about 10 ms, where building tiktoken-rs' encoder (and
+/// dropping it) took 0.3 s of CPU, paid by turnstore's start and by each of
+/// its test processes.
+pub mod tables {
+    /// o200k_base's 199,998 tokens (o200k_harmony's too).
+    pub static O200K_BASE: &[u8] = include_bytes!("../tables/o200k_base.ranks");
+    /// cl100k_base's 100,256 tokens.
+    pub static CL100K_BASE: &[u8] = include_bytes!("../tables/cl100k_base.ranks");
+    /// p50k_base's 50,280 tokens (p50k_edit's too), ranks 0 to 50,280.
+    pub static P50K_BASE: &[u8] = include_bytes!("../tables/p50k_base.ranks");
+    /// r50k_base is p50k_base's first 50,256 ranks.
+    pub const R50K_BASE_RANKS: usize = 50_256;
+}
+
 /// An encoding's ranks: every ordinary token's bytes, kept in one block
 /// (a third of what tiktoken-rs' encoder takes, which keeps each token's
 /// bytes, twice, in allocations of their own).
@@ -42,6 +65,25 @@ impl Ranks {
             let end = at + len as usize;
             ranks.insert(&block[at..end], rank);
             at = end;
+        }
+        Ranks(ranks)
+    }
+
+    /// From a rank table (see [`tables`]): for each rank from 0 up, a byte
+    /// `n`, then the token's `n` bytes; `n = 0` marks a rank that is no
+    /// ordinary token. Only the first `limit` ranks are taken. The map's
+    /// keys are the table's own bytes: nothing is copied.
+    pub fn from_table(table: &'static [u8], limit: usize) -> Self {
+        let mut ranks = FxHashMap::default();
+        ranks.reserve(table.len() / 8);
+        let (mut at, mut rank) = (0, 0);
+        while at < table.len() && (rank as usize) < limit {
+            let n = table[at] as usize;
+            if n > 0 {
+                ranks.insert(&table[at + 1..at + 1 + n], rank);
+            }
+            at += 1 + n;
+            rank += 1;
         }
         Ranks(ranks)
     }
