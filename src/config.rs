@@ -440,15 +440,15 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_setting() {
+    fn the_configuration_page_lists_every_setting() {
         use clap::Args;
-        let readme = include_str!("../README.md");
+        let page = include_str!("../docs/configuration.md");
         for arg in Settings::augment_args(clap::Command::new("t")).get_arguments() {
             if let Some(env) = arg.get_env() {
                 let row = format!("| `{}` |", env.to_string_lossy());
                 assert!(
-                    readme.contains(&row),
-                    "README's configuration table lacks {row}"
+                    page.contains(&row),
+                    "docs/configuration.md's table lacks {row}"
                 );
             }
         }

@@ -292,13 +292,13 @@ async fn a_request_continues_the_callers_trace_and_its_script_calls_are_its_chil
             .any(|s| s.name == "finalize_turn" && s.parent == finalize.span_id),
         "{spans:#?}"
     );
-    // The README shows this trace as it arrives.
+    // docs/deployment.md shows this trace as it arrives.
     let shown = tree(&spans, CALLER_SPAN);
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/deployment.md"))
+        .unwrap();
     assert!(
-        readme.contains(&shown),
-        "README.md's \"Traces\" section should show this trace:\n{shown}"
+        page.contains(&shown),
+        "docs/deployment.md's \"Traces\" section should show this trace:\n{shown}"
     );
     // A request without traceparent: a trace of its own.
     // A 404 is the caller's error, not the server's.

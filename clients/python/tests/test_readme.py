@@ -1,8 +1,8 @@
 """The README examples run as written against a test server: the first
 Python example of this client's README and of the project's README (the
 RAG flow), every other block of this README that reads
-``TURNSTORE_URL``, and the shell blocks of the project README's "History
-strategies", each checked against what it prints."""
+``TURNSTORE_URL``, the project README's ``curl`` example, and the shell
+blocks of docs/history.md, each checked against what it prints."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ READMES = {
     "client": HERE / "README.md",
     "project": HERE.parent.parent / "README.md",
 }
+HISTORY_STRATEGIES = HERE.parent.parent / "docs" / "history.md"
 # A block runs when it makes its client from the environment (TURNSTORE_URL).
 RUNNABLE = "client = Client()"
 
@@ -166,15 +167,13 @@ def test_a_readme_example_runs(server: Server, section: str) -> None:
         assert expected(stdout, suffix), stdout
 
 
-def strategy_blocks(readme: Path) -> Dict[str, str]:
-    """The ```sh blocks under "## History strategies" that read
-    ``TURNSTORE_URL``, and its ```jinja block, by their "### " heading."""
-    text = readme.read_text("utf-8")
-    section = text.split("\n## History strategies\n", 1)[1].split("\n## ", 1)[0]
+def shell_blocks(text: str, level: str) -> Dict[str, str]:
+    """The ```sh blocks of a document that read ``TURNSTORE_URL``, and its
+    ```jinja block, by the heading (of ``level``, e.g. "## ") above them."""
     blocks: Dict[str, str] = {}
     heading = ""
-    pattern = re.compile(r"^### ([^\n]*)$|^```(sh|jinja)\n(.*?)^```", re.M | re.S)
-    for match in pattern.finditer(section):
+    pattern = re.compile(r"^" + level + r"([^\n]*)$|^```(sh|jinja)\n(.*?)^```", re.M | re.S)
+    for match in pattern.finditer(text):
         if match.group(1) is not None:
             heading = match.group(1)
         elif match.group(2) == "jinja":
@@ -184,8 +183,54 @@ def strategy_blocks(readme: Path) -> Dict[str, str]:
     return blocks
 
 
-# What each block prints, in README order (they build on each other). The
-# README shows each line as a comment; the export's creation time varies.
+def strategy_blocks() -> Dict[str, str]:
+    """docs/history.md's blocks, by their "## " heading."""
+    return shell_blocks(HISTORY_STRATEGIES.read_text("utf-8"), "## ")
+
+
+def run_shell(block: str, server: Server) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        env={
+            **{k: v for k, v in os.environ.items() if k != "TURNSTORE_API_KEY"},
+            "TURNSTORE_URL": server.url,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def shown_output(block: str) -> List[str]:
+    """The block's "# " comment lines: the documents show each line a block
+    prints as one (among comments that explain)."""
+    return [line[2:] for line in block.splitlines() if line.startswith("# ")]
+
+
+def test_the_project_readme_curl_example_runs_as_shown(server: Server) -> None:
+    blocks = shell_blocks(READMES["project"].read_text("utf-8"), "## ")
+    block = blocks["One RAG request"]
+    # A session of its own for each run: the example names one.
+    block = block.replace("chat-42", f"readme-{os.urandom(6).hex()}")
+    result = run_shell(block, server)
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout.splitlines()
+    expected = [
+        '"seq":1',
+        '"messages":[]',
+        '"seq":1',
+        "### Conversation history:",
+        "User: What is a vector index?",
+        "Assistant: An index over embeddings that finds the nearest ones fast.",
+    ]
+    assert printed == expected, result.stdout
+    # The README shows each printed line as a comment.
+    shown = shown_output(block)
+    assert all(line in shown for line in expected), shown
+
+
+# What each block prints, in document order (they build on each other). The
+# document shows each line as a comment; the export's creation time varies.
 STRATEGIES = {
     "Import a transcript": [
         '{"session_id":"chat-44","user_id":"alice","imported_turns":3,"first_seq":1,"last_seq":3}'
@@ -247,9 +292,9 @@ STRATEGIES = {
 def strategies_server(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> Iterator[Tuple[Server, Dict[str, str]]]:
-    """A fresh server whose templates are the README's template file, with
-    the tokenizers and model table its open-models block names."""
-    blocks = strategy_blocks(READMES["project"])
+    """A fresh server whose templates are docs/history.md's template file,
+    with the tokenizers and model table its open-models block names."""
+    blocks = strategy_blocks()
     (tmp_path / "numbered.jinja").write_text(blocks["template file"], "utf-8")
     (tmp_path / "models.txt").write_text("llama-3* = llama3\n", "utf-8")
     env = {
@@ -271,21 +316,12 @@ def test_the_history_strategies_run_as_the_readme_shows(
     assert sorted(b for b in blocks if b != "template file") == sorted(STRATEGIES)
     for heading, expected in STRATEGIES.items():
         block = blocks[heading]
-        # The README shows what the block prints (the export's first 60
+        # The document shows what the block prints (the export's first 60
         # characters, with some creation time).
-        shown = [line[2:] for line in block.splitlines() if line.startswith("# ")]
+        shown = shown_output(block)
         for line in expected:
             assert any(s.startswith(line) for s in shown) or line == "", (heading, line)
-        result = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", block],
-            env={
-            **{k: v for k, v in os.environ.items() if k != "TURNSTORE_API_KEY"},
-            "TURNSTORE_URL": server.url,
-        },
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        result = run_shell(block, server)
         assert result.returncode == 0, (heading, result.stderr)
         printed = result.stdout.splitlines()
         if heading == "Export, and translations":
@@ -297,7 +333,12 @@ def test_the_history_strategies_run_as_the_readme_shows(
 # --- install lines -----------------------------------------------------------
 
 ROOT = HERE.parent.parent
-INSTALL_READMES = [ROOT / "README.md", HERE / "README.md", ROOT / "clients/typescript/README.md"]
+INSTALL_READMES = [
+    ROOT / "README.md",
+    HERE / "README.md",
+    ROOT / "clients/typescript/README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 # This repository's packages: published nowhere, installed from a clone.
 OURS = {"turnstore", "turnstore-client"}
 

@@ -416,6 +416,15 @@ describe("README examples against the real server", () => {
       const xml = await templates.xmlHistory(sessionId);
       assert.match(xml, /<turn role="user">What is a vector index\?<\/turn>/);
     });
+
+    it("is the project README's TypeScript example, as it is written there", () => {
+      // The project README shows this block as its TypeScript example: the
+      // test above runs it and check-install compiles it as a consumer would.
+      const ours = readmeBlock(readFileSync(new URL("../README.md", import.meta.url), "utf8"), "A RAG request");
+      const project = readFileSync(new URL("../../../README.md", import.meta.url), "utf8");
+      const shown = /\n## One RAG request\n[\s\S]*?```ts\n([\s\S]*?)```/.exec(project)?.[1];
+      assert.equal(shown, ours, "README.md's ```ts block under ## One RAG request");
+    });
   });
 
   describe("LangChain.js: chat (RunnableWithMessageHistory) and ask (by hand)", () => {
