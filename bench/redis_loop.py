@@ -141,13 +141,25 @@ def pack(fmt, *xs):
 def walk_args():
     # after, before, room, max_tokens, max_bytes, max q, max a, header,
     # inner sum, newest inner, newest last, bytes; encoding; text, keep
-    # first, newest may change, English, copies, summary, describe, budget
-    return pack(">dddddddddddd", 0, -1, 20, 4096, 1 << 40, 0, 0, 0, 0, -1, 0, 0) + b"o" + bytes(
-        [1, 0, 1, 0, 0, 0, 1, 1]
+    # first, newest may change, English, copies, summary, describe, budget;
+    # a window's stride (0: sliding)
+    return (
+        pack(">dddddddddddd", 0, -1, 20, 4096, 1 << 40, 0, 0, 0, 0, -1, 0, 0)
+        + b"o"
+        + bytes([1, 0, 1, 0, 0, 0, 1, 1])
+        + pack(">d", 0)
     )
 
 
 def worker(port, shas, prefix, sessions, seconds, seed, out):
+    try:
+        done = run(port, shas, prefix, sessions, seconds, seed)
+    finally:
+        # A failed worker still answers (0), so that the run ends and says why.
+        out.put(locals().get("done", 0))
+
+
+def run(port, shas, prefix, sessions, seconds, seed):
     rnd = random.Random(seed)
     c = Conn(port)
     walk = walk_args()
@@ -187,7 +199,7 @@ def worker(port, shas, prefix, sessions, seconds, seed, out):
         if r[0] != b"ok":
             raise RuntimeError(f"finalize_turn: {r[:2]}")
         done += 1
-    out.put(done)
+    return done
 
 
 def ticks(pid):
