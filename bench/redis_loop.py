@@ -21,6 +21,13 @@ seq, append, read the newest 20 records and slide TTLs, and store the
 answer, with none of the service's guarantees.
 No dependencies but Python 3: it speaks RESP itself.
 
+LENGTH=L measures sessions of L turns: SESSIONS (then 64 by default)
+sessions are filled with L questions each before the first round, and
+the cap on a session's turns (max_turns) is L, so that every question
+measured finds L turns, appends one and trims the oldest. ROOM (20) is
+the read's limit in turns: LENGTH=5 ROOM=5 against LENGTH=1000 ROOM=5
+is the same question (the same reply) on a short and a long session.
+
 Two experiments, for designs measured in issue 20 (each with a LUA_DIR
 prepared for it): DEFER=1 fetches the records of the page the start
 returned with a plain HMGET (a walk that returns turn ids in place of
@@ -43,7 +50,10 @@ ANSWER = open(os.path.join(os.path.dirname(__file__), "answer.txt")).read().stri
 # Counts the service stores for those texts in o200k_base (q, u; a, s, l).
 Q, U = 24, 28
 A, S, L = 120, 124, 123
-SESSION_TTL, PENDING_TTL, MAX_PENDING, MAX_TURNS = 7 * 86400000, 600000, 16, 1000
+SESSION_TTL, PENDING_TTL, MAX_PENDING = 7 * 86400000, 600000, 16
+LENGTH = int(os.environ.get("LENGTH", "0"))
+MAX_TURNS = LENGTH or 1000
+ROOM = int(os.environ.get("ROOM", "20"))
 
 
 def encode(*args):
@@ -144,29 +154,32 @@ def walk_args():
     # first, newest may change, English, copies, summary, describe, budget;
     # a window's stride (0: sliding)
     return (
-        pack(">dddddddddddd", 0, -1, 20, 4096, 1 << 40, 0, 0, 0, 0, -1, 0, 0)
+        pack(">dddddddddddd", 0, -1, ROOM, 4096, 1 << 40, 0, 0, 0, 0, -1, 0, 0)
         + b"o"
         + bytes([1, 0, 1, 0, 0, 0, 1, 1])
         + pack(">d", 0)
     )
 
 
-def worker(port, shas, prefix, sessions, seconds, seed, out):
+def worker(port, shas, prefix, sessions, seconds, seed, out, fill=None):
     try:
-        done = run(port, shas, prefix, sessions, seconds, seed)
+        done = run(port, shas, prefix, sessions, seconds, seed, fill)
     finally:
         # A failed worker still answers (0), so that the run ends and says why.
         out.put(locals().get("done", 0))
 
 
-def run(port, shas, prefix, sessions, seconds, seed):
+def run(port, shas, prefix, sessions, seconds, seed, fill=None):
+    """Questions on random sessions for `seconds`, or, with `fill` (a
+    range of session numbers), LENGTH questions on each of those."""
     rnd = random.Random(seed)
     c = Conn(port)
     walk = walk_args()
     done = 0
     end = time.time() + seconds
-    while time.time() < end:
-        sid = f"{prefix}-{rnd.randrange(sessions)}"
+    order = [s for s in fill for _ in range(LENGTH)] if fill is not None else None
+    while (done < len(order)) if order is not None else (time.time() < end):
+        sid = f"{prefix}-{order[done] if order is not None else rnd.randrange(sessions)}"
         keys = [f"{prefix}:{{{sid}}}:{k}" for k in ("h", "r", "s", "f", "l")]
         now = int(time.time() * 1000)
         tid = os.urandom(16)
@@ -212,7 +225,7 @@ def main():
     port, pid, dirs = int(sys.argv[1]), int(os.environ["PID"]), sys.argv[2:]
     conns = int(os.environ.get("CONNS", "4"))
     seconds = float(os.environ.get("SECONDS_", os.environ.get("DURATION", "5")))
-    sessions = int(os.environ.get("SESSIONS", "10000"))
+    sessions = int(os.environ.get("SESSIONS", "64" if LENGTH else "10000"))
     rounds = int(os.environ.get("ROUNDS", "3"))
     hz = os.sysconf("SC_CLK_TCK")
     admin = Conn(port)
@@ -220,21 +233,40 @@ def main():
     for i, d in enumerate(dirs):
         loaded.append((d, load(admin, d, i)))
     totals = {d: [0, 0.0] for d in dirs}
+
+    def prefix_of(i, rnd):
+        # Sessions of LENGTH turns are filled once, and kept.
+        return f"rl{i}r{0 if LENGTH else rnd}-{os.getpid()}"
+
+    def drive(shas, prefix, seconds, seed, fill=False):
+        """CONNS workers' questions for `seconds` (or, filling, LENGTH on
+        each session), summed."""
+        q = mp.Queue()
+        procs = [
+            mp.Process(
+                target=worker,
+                args=(port, shas, prefix, sessions, seconds, seed + k, q, range(k, sessions, conns) if fill else None),
+            )
+            for k in range(conns)
+        ]
+        for p in procs:
+            p.start()
+        n = sum(q.get() for _ in procs)
+        for p in procs:
+            p.join()
+        return n
+
+    if LENGTH:
+        for i, (d, shas) in enumerate(loaded):
+            n = drive(shas, prefix_of(i, 0), 0, 0, fill=True)
+            if n != sessions * LENGTH:
+                raise RuntimeError(f"{d}: filled {n} of {sessions * LENGTH} turns")
     for rnd in range(rounds):
         for i, (d, shas) in enumerate(loaded):
             admin.call("CONFIG", "RESETSTAT")
-            q = mp.Queue()
-            prefix = f"rl{i}r{rnd}-{os.getpid()}"
+            prefix = prefix_of(i, rnd)
             t0 = ticks(pid)
-            procs = [
-                mp.Process(target=worker, args=(port, shas, prefix, sessions, seconds, rnd * 100 + k, q))
-                for k in range(conns)
-            ]
-            for p in procs:
-                p.start()
-            n = sum(q.get() for _ in procs)
-            for p in procs:
-                p.join()
+            n = drive(shas, prefix, seconds, rnd * 100)
             cpu_us = (ticks(pid) - t0) / hz * 1e6
             stats = admin.call("INFO", "commandstats").decode()
             per = {}
@@ -246,16 +278,7 @@ def main():
             admin.call("SLOWLOG", "RESET")
             admin.call("CONFIG", "SET", "slowlog-max-len", "1000000")
             admin.call("CONFIG", "SET", "slowlog-log-slower-than", "0")
-            procs = [
-                mp.Process(target=worker, args=(port, shas, prefix, sessions, 1.0, rnd * 100 + conns + k, q))
-                for k in range(conns)
-            ]
-            for p in procs:
-                p.start()
-            for _ in procs:
-                q.get()
-            for p in procs:
-                p.join()
+            drive(shas, prefix, 1.0, rnd * 100 + conns)
             admin.call("CONFIG", "SET", "slowlog-log-slower-than", "10000")
             names = {v[1]: k for k, v in shas.items()}
             calls, usec = {}, {}

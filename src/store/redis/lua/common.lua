@@ -316,8 +316,12 @@ end
 -- false when there are none. `above`: the sum of text_inner over the
 -- turns with seq >= below, when the caller knows it (else it is summed
 -- here: what the read returned). `unpending`: the caller knows that no
--- turn below `below` is pending (none is, but a start's own).
-local function describe(covered, below, skip, enc, english, above, now, unpending)
+-- turn below `below` is pending (none is, but a start's own). `near`
+-- (optional), what a walk saw below `below`: {how many finalized turns
+-- lie in (covered, below) or false, the newest finalized member below
+-- `below` or false (not known), its seq}; `sums` (optional): meta 'ts'
+-- and 'cs' as the caller read them. Each saves a call when it applies.
+local function describe(covered, below, skip, enc, english, above, now, unpending, near, sums)
   -- Seqs are below LIVE: the rest of the zset is pending turns.
   below = math.min(below, tonumber(LIVE))
   -- A pending turn only lowers `below`: nothing to describe either way.
@@ -328,21 +332,35 @@ local function describe(covered, below, skip, enc, english, above, now, unpendin
   if pending and pending < below then
     below = pending
     waiting = redis.call('ZCOUNT', KEYS[3], below, '(' .. returned_from)
+    near = nil
   end
   if below <= covered + 1 then return false end
   local lo, hi = '(' .. covered, '(' .. below
-  local n = redis.call('ZCOUNT', KEYS[3], lo, hi)
-  local top = redis.call('ZREVRANGEBYSCORE', KEYS[3], hi, lo, 'WITHSCORES', 'LIMIT', 0, 2)
-  local last, last_seq = top[1], top[2]
+  local n, last, last_seq = false, false, nil
+  if near then
+    n = near[1]
+    -- The newest below is in range when above what the summary covers;
+    -- when it is `skip`, the one below it is wanted: read below.
+    if near[2] and tonumber(near[3]) <= covered then
+      last = nil
+    elseif near[2] and tonumber(near[3]) ~= skip then
+      last, last_seq = near[2], near[3]
+    end
+  end
+  if not n then n = redis.call('ZCOUNT', KEYS[3], lo, hi) end
+  if last == false then
+    local top = redis.call('ZREVRANGEBYSCORE', KEYS[3], hi, lo, 'WITHSCORES', 'LIMIT', 0, 2)
+    last, last_seq = top[1], top[2]
+    if top[2] and tonumber(top[2]) == skip then last, last_seq = top[3], top[4] end
+  end
   local skipped = false
   if skip > covered and skip < below then
     n = n - 1
-    if top[2] and tonumber(top[2]) == skip then last, last_seq = top[3], top[4] end
     skipped = redis.call('ZRANGEBYSCORE', KEYS[3], skip, skip)[1]
   end
   if n <= 0 or not last then return false end
   local tokens = false
-  local m = redis.call('HMGET', KEYS[1], 'ts', 'cs')
+  local m = sums or redis.call('HMGET', KEYS[1], 'ts', 'cs')
   local tl, ts, tse = unpack_sums(m[1])
   if tl == enc and waiting <= MAX_WAITING then
     local _, cs, cse = unpack_sums(m[2])

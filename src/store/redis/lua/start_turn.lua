@@ -23,9 +23,9 @@ local user, tid_new, tail, key, hash, indexed_for, english =
 reading = reading == 1
 
 local meta = redis.call('HMGET', KEYS[1], 'user_id', 'ix', 'keyed', 'next_seq', 'k:' .. key, 'n',
-  'g', 'created_at', 'ia', 'st', 'sh')
+  'g', 'created_at', 'ia', 'st', 'sh', 'ts', 'cs')
 -- What the walk would read of h again.
-local known = {meta[10], meta[11]}
+local known = {meta[10], meta[11], sums = {meta[12], meta[13]}}
 local owner = meta[1]
 if owner == '' then owner = false end
 local acc = access(owner, user)

@@ -24,7 +24,8 @@
 -- `before` (optional) lowers the upper bound (a start's own seq); `count`
 -- (optional) is the session's finalized turns, the candidates' number
 -- when the read's range is all of them; `known` (optional) the meta
--- fields 'st' and 'sh' as the caller read them ({st, sh}); `unpending`
+-- fields 'st' and 'sh' as the caller read them ({st, sh}, and `sums`:
+-- {ts, cs}, for describe); `unpending`
 -- (optional) true when no turn is pending but a start's own (`before`).
 -- Returns {status 'done'|'more'|'stop', stop reason or '', next before
 -- (for 'more'), candidates in range, first or false, flat entries, the
@@ -57,9 +58,10 @@ local function walk(at, before, count, now, known, unpending)
   text, keep_first, change = text == 1, keep_first == 1, change == 1
   english, copies = english == 1, copies == 1
   with_summary, describing = with_summary == 1, describing == 1
-  local covered, summary = 0, false
+  local covered, summary, sums = 0, false, nil
   if with_summary or describing then
     local m = known or redis.call('HMGET', KEYS[1], 'st', 'sh')
+    sums = known and known.sums
     covered = tonumber(m[1] or '0')
     if with_summary and m[2] then
       summary = {redis.call('HGET', KEYS[1], 'sm'), m[1], m[2]}
@@ -113,23 +115,27 @@ local function walk(at, before, count, now, known, unpending)
   -- their English copies.
   local taken, notes, en_of, n = {}, {}, {}, 0
   local status, reason, next_before = nil, '', 0
-  local walked, page_bytes, loaded, last_m = 0, 0, 0, nil
+  local walked, page_bytes, loaded, last_m, last_seq = 0, 0, 0, nil, nil
+  -- The seqs of the turns taken; the newest member below them, when the
+  -- walk stopped at it (see describe's `near`), and its seq.
+  local seqs, next_m, next_seq = {}, false, nil
   -- For describing what is not returned: text_inner summed over the
   -- taken turns but the reserved first, and the first's seq.
   local run_sum, first_seq = 0, 0
 
   -- Takes (the stored counts apply and it fits) or hands over (they do not:
   -- the caller counts it) each member, until a page is full or the walk
-  -- stops (status says why). One call per batch, not per member.
+  -- stops (status says why). One call per batch, not per member: `batch`
+  -- is members and their seqs (WITHSCORES).
   local function take(batch)
-    for i = 1, #batch do
+    for i = 1, #batch, 2 do
       local m = batch[i]
       if walked > 0 and (walked >= cap_n or page_bytes >= cap_b or loaded >= LOADED) then
-        status, next_before = 'more', redis.call('ZSCORE', KEYS[3], last_m)
+        status, next_before = 'more', last_seq
         return
       end
       if room <= 0 then
-        status, reason = 'stop', 'limit'
+        status, reason, next_m, next_seq = 'stop', 'limit', m, batch[i + 1]
         return
       end
       local e, q, u, an, s, l, qb, ab = unpack_costs(FMT, m, ID + 1)
@@ -160,11 +166,11 @@ local function walk(at, before, count, now, known, unpending)
           tokens = header + inner_sum + inner + nl
         end
         if tokens > max_tokens then
-          status, reason = 'stop', 'max_tokens'
+          status, reason, next_m, next_seq = 'stop', 'max_tokens', m, batch[i + 1]
           return
         end
         if bytes + qb + ab > max_bytes then
-          status, reason = 'stop', 'max_bytes'
+          status, reason, next_m, next_seq = 'stop', 'max_bytes', m, batch[i + 1]
           return
         end
         if change then
@@ -182,7 +188,7 @@ local function walk(at, before, count, now, known, unpending)
       if cut_q and oqb > cut_q then q_need = cut_q end
       if cut_a and oab > cut_a then a_need = cut_a end
       n = n + 1
-      taken[n] = m
+      taken[n], seqs[n] = m, batch[i + 1]
       if need_en then
         en_of[n] = true
         loaded, page_bytes = loaded + copy_bytes, page_bytes + copy_bytes
@@ -200,7 +206,7 @@ local function walk(at, before, count, now, known, unpending)
         notes[n] = {fq, fa, q_need, a_need}
       end
       room = room - 1
-      walked, page_bytes, last_m = walked + 1, page_bytes + q_need + a_need, m
+      walked, page_bytes, last_m, last_seq = walked + 1, page_bytes + q_need + a_need, m, batch[i + 1]
       run_sum = run_sum + u + s
     end
   end
@@ -208,9 +214,9 @@ local function walk(at, before, count, now, known, unpending)
   local has_first = false
   if keep_first and total > 0 then
     local f = redis.call('ZRANGEBYSCORE', KEYS[3], lower, upper, 'WITHSCORES', 'LIMIT', 0, 1)
-    take({f[1]})
+    take(f)
     if status then return {status, reason, 0, total, false, {}, summary, 'later'} end
-    first_seq, run_sum, last_m = tonumber(f[2]), 0, nil
+    first_seq, run_sum, last_m, last_seq = tonumber(f[2]), 0, nil, nil
     -- The reserved first turn does not stay the newest, nor fills a page.
     if exact then change = true end
     has_first, walked, page_bytes, loaded = true, 0, 0, 0
@@ -221,10 +227,10 @@ local function walk(at, before, count, now, known, unpending)
   while not status do
     local want = BATCH
     if exact and room + 1 < want then want = room + 1 end
-    local batch = redis.call('ZREVRANGEBYSCORE', KEYS[3], cursor, lower, 'LIMIT', 0, want)
+    local batch = redis.call('ZREVRANGEBYSCORE', KEYS[3], cursor, lower, 'WITHSCORES', 'LIMIT', 0, want)
     take(batch)
-    if status or #batch < want then break end
-    cursor = '(' .. redis.call('ZSCORE', KEYS[3], last_m)
+    if status or #batch < 2 * want then break end
+    cursor = '(' .. last_seq
   end
 
   -- The records of what is returned, cut to what a truncating read needs:
@@ -292,8 +298,12 @@ local function walk(at, before, count, now, known, unpending)
     unsummarized = false
   elseif describing and status ~= 'more' then
     local below = upper_seq or tonumber(LIVE)
-    if last_m then below = tonumber(redis.call('ZSCORE', KEYS[3], last_m)) end
+    if last_m then below = tonumber(last_seq) end
     local above = run_sum
+    -- What the walk saw below `below`: the candidates but those taken
+    -- (the reserved first is among them, below) lie in (after, below).
+    local near = {false, next_m, next_seq}
+    if after == covered then near[1] = total - n + (has_first and 1 or 0) end
     -- Nothing finalized lies at or above a start's own seq.
     if upper_seq and upper_seq ~= before then above = above + sum_inner(upper_seq, LIVE, english) end
     -- A stable window that the budget stopped shows the run from the
@@ -302,12 +312,12 @@ local function walk(at, before, count, now, known, unpending)
     if has_first then newest = 2 end
     if stride > 0 and status == 'stop' and last_m and n >= newest then
       local boundary = math.floor((below - 1 + stride - 1) / stride) * stride + 1
-      if below < boundary and tonumber(redis.call('ZSCORE', KEYS[3], taken[newest])) >= boundary then
+      if below < boundary and tonumber(seqs[newest]) >= boundary then
         dropped = redis.call('ZCOUNT', KEYS[3], below, '(' .. boundary)
-        below, above = boundary, nil
+        below, above, near = boundary, nil, nil
       end
     end
-    unsummarized = describe(covered, below, first_seq, enc, english, above, now, unpending)
+    unsummarized = describe(covered, below, first_seq, enc, english, above, now, unpending, near, sums)
   end
   return {status or 'done', reason, next_before, total, first, entries, summary, unsummarized, dropped}
 end
