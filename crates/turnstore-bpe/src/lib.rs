@@ -159,6 +159,9 @@ pub struct Splitter {
     /// The pattern's alternative for whitespace ending in a newline comes
     /// before `\s+` (o200k, cl100k): a run `\s+` matches has none.
     newline_first: bool,
+    /// o200k's pieces that depend on ASCII bytes only are cut by
+    /// `o200k_ascii`, without the regex.
+    ascii: bool,
 }
 
 impl Splitter {
@@ -175,6 +178,7 @@ impl Splitter {
             regex,
             cache: RefCell::new(regex.create_cache()),
             newline_first,
+            ascii: pattern == Pattern::O200k,
         }
     }
 
@@ -184,13 +188,31 @@ impl Splitter {
     /// last character, when that leaves one. No other alternative matches
     /// whitespace alone, but the newline ones (o200k, cl100k), whose
     /// matches end in a newline, and `\s+$`, which ends the text.
-    pub fn split(&self, text: &str, mut f: impl FnMut(&[u8])) {
+    /// Pieces whose bytes, and the bytes that decide where they end, are
+    /// ASCII are cut without the regex (o200k, see `o200k_ascii`).
+    pub fn split(&self, text: &str, f: impl FnMut(&[u8])) {
+        self.split_as(text, self.ascii, f)
+    }
+
+    /// `split`, with or without its ASCII cuts (`ascii`), for tests that
+    /// compare the two.
+    #[doc(hidden)]
+    pub fn split_as(&self, text: &str, ascii: bool, mut f: impl FnMut(&[u8])) {
         let cache = &mut *self.cache.borrow_mut();
+        let bytes = text.as_bytes();
         let mut at = 0;
-        while let Some(m) = self
-            .regex
-            .search_with(cache, &Input::new(text).span(at..text.len()))
-        {
+        while at < text.len() {
+            if ascii && let Some(end) = o200k_ascii(bytes, at) {
+                f(&bytes[at..end]);
+                at = end;
+                continue;
+            }
+            let Some(m) = self
+                .regex
+                .search_with(cache, &Input::new(text).span(at..text.len()))
+            else {
+                break;
+            };
             let piece = &text[m.range()];
             let mut end = m.end();
             if end < text.len()
@@ -206,6 +228,147 @@ impl Splitter {
             at = end;
         }
     }
+}
+
+/// What o200k's pattern sees in an ASCII byte: an upper or lower case
+/// letter, a digit, `\r` or `\n`, other white space (`\s`: tab, vertical
+/// tab, form feed, space), anything else (`[^\s\p{L}\p{N}]`); `NA` for a
+/// byte of a character beyond ASCII, `END` past the text.
+const NA: u8 = 0;
+const UP: u8 = 1;
+const LO: u8 = 2;
+const DIGIT: u8 = 3;
+const NL: u8 = 4;
+const WS: u8 = 5;
+const OTHER: u8 = 6;
+const END: u8 = 7;
+
+static CLASS: [u8; 256] = {
+    let mut t = [NA; 256];
+    let mut b = 0;
+    while b < 128 {
+        t[b] = match b as u8 {
+            b'A'..=b'Z' => UP,
+            b'a'..=b'z' => LO,
+            b'0'..=b'9' => DIGIT,
+            b'\r' | b'\n' => NL,
+            b'\t' | 0x0b | 0x0c | b' ' => WS,
+            _ => OTHER,
+        };
+        b += 1;
+    }
+    t
+};
+
+/// Where o200k's piece starting at `at` ends, when every byte that decides
+/// it is ASCII (else `None`: the regex cuts it). The pattern's
+/// alternatives, in their order, on ASCII (each takes what its greedy
+/// quantifiers can, as nothing after them asks for less):
+/// 1, 2. `[^\r\n\p{L}\p{N}]?` then upper case letters then lower case ones,
+///    at least one letter, then a contraction (`'s`, `'T`, `'re`...);
+/// 3. one to three digits;
+/// 4. an optional space, then other characters, then `[\r\n/]*`;
+/// 5. white space through its last `\r` or `\n`;
+/// 6. white space, less its last character when more follows (`split`'s
+///    lookahead).
+/// A test compares every cut with the regex's, on every short text of a
+/// few ASCII and non-ASCII characters.
+fn o200k_ascii(b: &[u8], at: usize) -> Option<usize> {
+    let class = |i: usize| b.get(i).map_or(END, |&c| CLASS[c as usize]);
+    let c = class(at);
+    // 1, 2.
+    let mut end = if c == WS || c == OTHER { at + 1 } else { at };
+    let letters = end;
+    loop {
+        match class(end) {
+            UP => end += 1,
+            NA => return None,
+            _ => break,
+        }
+    }
+    loop {
+        match class(end) {
+            LO => end += 1,
+            NA => return None,
+            _ => break,
+        }
+    }
+    if end > letters {
+        if b.get(end) != Some(&b'\'') {
+            return Some(end);
+        }
+        let folded = |i: usize| match class(i) {
+            NA => None,
+            _ => Some(b.get(i).map_or(0, u8::to_ascii_lowercase)),
+        };
+        return match folded(end + 1)? {
+            b's' | b't' | b'm' | b'd' => Some(end + 2),
+            b'r' | b'v' if folded(end + 2)? == b'e' => Some(end + 3),
+            b'l' if folded(end + 2)? == b'l' => Some(end + 3),
+            _ => Some(end),
+        };
+    }
+    match c {
+        // 3.
+        DIGIT => {
+            let mut end = at + 1;
+            while end < at + 3 {
+                match class(end) {
+                    DIGIT => end += 1,
+                    NA => return None,
+                    _ => break,
+                }
+            }
+            Some(end)
+        }
+        // 4.
+        OTHER => others(b, at + 1, class),
+        WS if b[at] == b' ' => match class(at + 1) {
+            OTHER => others(b, at + 2, class),
+            NA => None,
+            _ => whitespace(b, at, class),
+        },
+        // 5, 6.
+        NL | WS => whitespace(b, at, class),
+        _ => None,
+    }
+}
+
+/// The end of o200k's fourth alternative, its other characters seen up
+/// to `end`.
+fn others(b: &[u8], mut end: usize, class: impl Fn(usize) -> u8) -> Option<usize> {
+    loop {
+        match class(end) {
+            OTHER => end += 1,
+            NA => return None,
+            _ => break,
+        }
+    }
+    while matches!(b.get(end), Some(b'\r' | b'\n' | b'/')) {
+        end += 1;
+    }
+    Some(end)
+}
+
+/// The end of o200k's white space piece at `at` (alternatives 5 and 6).
+fn whitespace(b: &[u8], at: usize, class: impl Fn(usize) -> u8) -> Option<usize> {
+    let (mut end, mut newline) = (at, None);
+    loop {
+        match class(end) {
+            WS => end += 1,
+            NL => {
+                newline = Some(end);
+                end += 1;
+            }
+            NA => return None,
+            _ => break,
+        }
+    }
+    Some(match newline {
+        Some(nl) => nl + 1,
+        None if end < b.len() && end - at >= 2 => end - 1,
+        None => end,
+    })
 }
 
 /// Pieces this long are merged with a heap, as tiktoken-rs does: its
@@ -313,5 +476,108 @@ impl Ranks {
             merges += 1;
         }
         piece.len() - merges
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pattern, Splitter};
+
+    fn pieces(s: &Splitter, text: &str, ascii: bool) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        s.split_as(text, ascii, |p| out.push(p.to_vec()));
+        out
+    }
+
+    /// Every text of up to five characters from an alphabet of each class
+    /// the pattern tells apart (letters of both cases, the contractions'
+    /// letters, digits, newlines, other white space, other characters),
+    /// ASCII and not: o200k's ASCII cuts are the regex's.
+    #[test]
+    fn ascii_cuts_are_the_regexs_on_every_short_text() {
+        let s = Splitter::new(Pattern::O200k);
+        let alphabet = [
+            'a', 'Z', 's', 'l', 'E', ' ', '\n', '\r', '\t', '1', '\'', '/', '!', 'é', '\u{a0}',
+            'ſ', '²',
+        ];
+        let mut texts = vec![String::new()];
+        let mut compared = 0;
+        for _ in 0..5 {
+            let mut longer = Vec::with_capacity(texts.len() * alphabet.len());
+            for t in &texts {
+                for &c in &alphabet {
+                    let mut u = t.clone();
+                    u.push(c);
+                    assert_eq!(pieces(&s, &u, true), pieces(&s, &u, false), "{u:?}");
+                    compared += 1;
+                    longer.push(u);
+                }
+            }
+            texts = longer;
+        }
+        assert!(compared > 1_000_000, "{compared}");
+    }
+
+    /// Every contraction, in every case, after letters of both cases and
+    /// after none, before each of a few characters.
+    #[test]
+    fn ascii_cuts_are_the_regexs_on_contractions() {
+        let s = Splitter::new(Pattern::O200k);
+        for c in ["s", "t", "re", "ve", "m", "ll", "d", "x", "r", "v", "l"] {
+            let cases = 1 << c.len();
+            for case in 0..cases {
+                let word: String = c
+                    .chars()
+                    .enumerate()
+                    .map(|(i, ch)| {
+                        if case >> i & 1 == 1 {
+                            ch.to_ascii_uppercase()
+                        } else {
+                            ch
+                        }
+                    })
+                    .collect();
+                for before in ["a", "A", "aB", "Ab", " a", "!", "1", ""] {
+                    for after in ["", "a", "E", " ", "'", "\n", "é", "ſ", "e", "l"] {
+                        let text = format!("{before}'{word}{after}");
+                        assert_eq!(
+                            pieces(&s, &text, true),
+                            pieces(&s, &text, false),
+                            "{text:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Longer texts of every ASCII character and a few others, at random.
+    #[test]
+    fn ascii_cuts_are_the_regexs_on_random_texts() {
+        let s = Splitter::new(Pattern::O200k);
+        let others = ['é', '’', '\u{85}', '\u{3000}', 'Ω', '٣', 'ſ', '😀'];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..50_000 {
+            let len = next(48) as usize;
+            let text: String = (0..len)
+                .map(|_| match next(40) {
+                    0 => others[next(others.len() as u64) as usize],
+                    1..=8 => ' ',
+                    9 => '\n',
+                    _ => char::from(next(128) as u8),
+                })
+                .collect();
+            assert_eq!(
+                pieces(&s, &text, true),
+                pieces(&s, &text, false),
+                "{text:?}"
+            );
+        }
     }
 }
