@@ -336,6 +336,8 @@ local function describe(covered, below, skip, enc, english, above, now, unpendin
   end
   if below <= covered + 1 then return false end
   local lo, hi = '(' .. covered, '(' .. below
+  -- `last`: the newest turn in range; false while not known, nil when
+  -- there is none.
   local n, last, last_seq = false, false, nil
   if near then
     n = near[1]

@@ -116,9 +116,9 @@ local function walk(at, before, count, now, known, unpending)
   local taken, notes, en_of, n = {}, {}, {}, 0
   local status, reason, next_before = nil, '', 0
   local walked, page_bytes, loaded, last_m, last_seq = 0, 0, 0, nil, nil
-  -- The seqs of the turns taken; the newest member below them, when the
-  -- walk stopped at it (see describe's `near`), and its seq.
-  local seqs, next_m, next_seq = {}, false, nil
+  -- The newest member below those taken, when the walk stopped at it
+  -- (see describe's `near`), and its seq.
+  local next_m, next_seq = false, nil
   -- For describing what is not returned: text_inner summed over the
   -- taken turns but the reserved first, and the first's seq.
   local run_sum, first_seq = 0, 0
@@ -188,7 +188,7 @@ local function walk(at, before, count, now, known, unpending)
       if cut_q and oqb > cut_q then q_need = cut_q end
       if cut_a and oab > cut_a then a_need = cut_a end
       n = n + 1
-      taken[n], seqs[n] = m, batch[i + 1]
+      taken[n] = m
       if need_en then
         en_of[n] = true
         loaded, page_bytes = loaded + copy_bytes, page_bytes + copy_bytes
@@ -312,7 +312,7 @@ local function walk(at, before, count, now, known, unpending)
     if has_first then newest = 2 end
     if stride > 0 and status == 'stop' and last_m and n >= newest then
       local boundary = math.floor((below - 1 + stride - 1) / stride) * stride + 1
-      if below < boundary and tonumber(seqs[newest]) >= boundary then
+      if below < boundary and tonumber(redis.call('ZSCORE', KEYS[3], taken[newest])) >= boundary then
         dropped = redis.call('ZCOUNT', KEYS[3], below, '(' .. boundary)
         below, above, near = boundary, nil, nil
       end
